@@ -1,0 +1,86 @@
+"""Masks, log-probs and the K1-in-reward advantage, against exact answers."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import transparent_grpo as tg
+
+
+def test_mask_eos_mid_sequence_no_eos_and_pad_equal_to_eos():
+    eos = 1  # pad == eos: the padding after the first EOS is made of EOS tokens
+    c = torch.tensor([[5, 1, 1, 1],    # EOS at t=1 then padding (= EOS)
+                      [5, 6, 7, 8],    # no EOS: truncated, every token counts
+                      [1, 1, 1, 1],    # EOS first: one token (the EOS itself)
+                      [5, 6, 7, 1]])   # EOS on the last position
+    mask, truncated = tg.completion_mask(c, [eos])
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1]]
+    assert truncated.tolist() == [False, True, False, False]
+
+
+def test_mask_with_several_eos_ids():
+    c = torch.tensor([[3, 9, 4, 2], [3, 4, 9, 9]])
+    mask, truncated = tg.completion_mask(c, [4, 9])
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 0, 0]] and not truncated.any()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_equal_naive_log_softmax(arch, temperature, tiny_model, tiny_qwen):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_model if arch == "llama" else tiny_qwen).double()
+    torch.manual_seed(0)
+    P, T = 5, 9
+    ids = torch.randint(6, model.config.vocab_size, (3, P + T))
+    mask = torch.ones(3, T)
+    mask[0, 4:] = 0  # some padding after an EOS
+    lp, ent, _ = tg.token_logprobs(model, ids, P, mask, temperature)
+    logits = model(input_ids=ids).logits[:, P - 1:-1] / temperature                    # [B, T, V] the naive way
+    naive = torch.log_softmax(logits, -1).gather(-1, ids[:, P:, None]).squeeze(-1)
+    naive_ent = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    assert lp.dtype == torch.float64
+    torch.testing.assert_close(lp, naive * mask, rtol=0, atol=1e-10)
+    torch.testing.assert_close(ent, naive_ent * mask, rtol=0, atol=1e-10)
+
+
+def test_logprob_gradients_match_naive(tiny_model):
+    """The chunked, checkpointed path gives the same gradient as the naive one."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).double()
+    ids = torch.randint(6, model.config.vocab_size, (2, 12))
+    mask = torch.ones(2, 6)
+    tg.token_logprobs(model, ids, 6, mask, 0.8)[0].sum().backward()
+    g1 = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logits = model(input_ids=ids).logits[:, 5:-1] / 0.8
+    torch.log_softmax(logits, -1).gather(-1, ids[:, 6:, None]).sum().backward()
+    for a, p in zip(g1, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-9, atol=1e-12)
+
+
+def _cfg(**kw):
+    cfg = tg.Config(model="/x", **kw)
+    return tg.resolve(cfg, cuda=False)
+
+
+def test_k1_in_reward_scales_with_beta_when_rewards_tie():
+    R = torch.tensor([[0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 1.0, 0.0]], dtype=torch.float64)   # group 0 ties
+    kl = torch.tensor([[0.1, 0.4, 0.2, 0.9], [0.3, 0.3, 0.1, 0.5]], dtype=torch.float64)
+    A1 = tg.advantages(R, kl, _cfg(beta=0.02))
+    A2 = tg.advantages(R, kl, _cfg(beta=0.04))
+    task = tg.ADVANTAGES["zscore"](R)
+    torch.testing.assert_close(A2 - task, 2 * (A1 - task))                               # the KL part doubles
+    # exact value: -beta * (KL_i - mean_{j != i} KL_j); in the tied group the task part is exactly 0
+    loo = kl - (kl.sum(1, keepdim=True) - kl) / 3
+    torch.testing.assert_close(A1, task - 0.02 * loo)
+    assert torch.all(task[0] == 0)
+    # the upstream order (subtract, then divide by the group std) loses beta: both betas give the same advantage
+    upstream = lambda b: tg.ADVANTAGES["zscore"](R - b * kl)
+    torch.testing.assert_close(upstream(0.02)[0], upstream(0.04)[0])
+
+
+def test_sequence_kl_is_detached():
+    lp = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    kl_tok, kl_seq = tg.sequence_kl(lp, torch.zeros(3, 4, dtype=torch.float64), torch.ones(3, 4), "k1")
+    assert not kl_seq.requires_grad and not kl_tok.requires_grad
+    A = tg.advantages(torch.zeros(1, 3, dtype=torch.float64), kl_seq.view(1, 3), _cfg())
+    assert not A.requires_grad

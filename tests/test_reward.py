@@ -1,0 +1,54 @@
+"""The toy reward: exact partial credit for good answers, nothing for near misses and loose matches."""
+import pytest
+
+from transparent_grpo import CREDIT, toy_reward
+
+FULL = ("The function must be continuous at x = 2 and x = -2. At x = 2: 2a + 3 = -3, so a = -3. "
+        "At x = -2: -4 - b = -7, so b = 3. Therefore a + b = \\boxed{0}.")
+
+CASES = [  # (completion, exact reward)
+    (FULL, 1.0),
+    ("", 0.0),
+    ("the answer is 0", 0.0),                          # no \boxed{}: no final-answer credit
+    ("the answer is 10", 0.0),
+    ("\\boxed{10}", 0.0),
+    ("\\boxed{0.5}", 0.0),
+    ("\\boxed{-10}", 0.0),
+    ("\\boxed{0}", 0.30),
+    ("\\boxed{ 0 }", 0.30),
+    ("$\\boxed{a+b=0}$", 0.30),
+    ("\\boxed{0} then again \\boxed{10}", 0.0),         # only the last boxed answer counts
+    ("\\boxed{10} no wait \\boxed{0}", 0.30),
+    ("a = -3", 0.15),
+    ("a=-3.", 0.15),
+    ("a = \u22123", 0.15),                              # unicode minus
+    ("a = -30", 0.0),
+    ("a = -3.5", 0.0),
+    ("a = 3", 0.0),
+    ("ba = -3", 0.0),                                   # not the variable a
+    ("a = -3, later a = 5", 0.0),                       # the last stated value counts
+    ("a = 5, later a = -3", 0.15),
+    ("b = 3", 0.15),
+    ("b = 33", 0.0),
+    ("b = 3.5", 0.0),
+    ("b = -3", 0.0),
+    ("2a + 3 = -3", 0.15),
+    ("2a+3=-30", 0.0),
+    ("-4 - b = -7", 0.15),
+    ("-4-b=-70", 0.0),
+    ("x = 2 and x = -2 are where it must be continuous", 0.10),
+    ("x = 2 is where it must be continuous", 0.0),      # both points are needed
+    ("x = 2 and x = -2", 0.0),                          # and the word continuity / limit
+    ("2a + 3 = -3 gives a = -3 and -4 - b = -7 gives b = 3", 0.60),
+    ("a = -3, b = 3, \\boxed{0}", 0.60),
+]
+
+
+@pytest.mark.parametrize("text,expected", CASES)
+def test_reward_table(text, expected):
+    assert toy_reward(text) == pytest.approx(expected, abs=1e-12)
+
+
+def test_weights_sum_to_one_and_reward_in_unit_interval():
+    assert sum(w for w, _ in CREDIT) == pytest.approx(1.0)
+    assert all(0.0 <= toy_reward(t) <= 1.0 for t, _ in CASES)
