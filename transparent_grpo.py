@@ -281,9 +281,20 @@ def unwrap(model):
 
 
 def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False):
-    """Forward the full sequences once; return log-probs [B, T] (and entropy, ppo values) of completion tokens."""
-    out = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
-    h = out.hidden_states[-1][:, n_prompt - 1:-1]                                       # [B, T, H] states predicting y_t
+    """Log-probs [B, T] (and entropy, ppo values) of the completion tokens ids[:, n_prompt:].
+    When every row has the same prompt it runs once (batch 1) and its KV cache is repeated for the B completions;
+    gradients still reach the prompt's keys and values through the repeat, so this is exact, just cheaper."""
+    shared = not getattr(unwrap(model), "is_activation_checkpointing", False) and bool((ids[:, :n_prompt] == ids[:1, :n_prompt]).all())
+    if shared:
+        first = model(input_ids=ids[:1, :n_prompt], output_hidden_states=True, logits_to_keep=1, use_cache=True)
+        cache = first.past_key_values
+        cache.batch_repeat_interleave(ids.shape[0])                                     # [1, ...] -> [B, ...]
+        rest = model(input_ids=ids[:, n_prompt:-1], past_key_values=cache, output_hidden_states=True, logits_to_keep=1,
+                     use_cache=True)
+        h = torch.cat([first.hidden_states[-1][:, -1:].expand(ids.shape[0], -1, -1), rest.hidden_states[-1]], 1)  # [B, T, H]
+    else:
+        out = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
+        h = out.hidden_states[-1][:, n_prompt - 1:-1]                                   # [B, T, H] states predicting y_t
     lp, ent = sampled_logprobs(h, unwrap(model).get_output_embeddings(), ids[:, n_prompt:], mask, temperature)
     values = unwrap(model).v_head(h.float()).squeeze(-1) if with_values else None      # [B, T]
     return lp, ent, values
