@@ -37,8 +37,19 @@ CASES = [  # (completion, exact reward)
     ("-4 - b = -7", 0.15),
     ("-4-b=-70", 0.0),
     ("x = 2 and x = -2 are where it must be continuous", 0.10),
-    ("x = 2 is where it must be continuous", 0.0),      # both points are needed
+    ("x = 2 is where it must be continuous", 0.05),     # one point
+    ("x = 20 is where it must be continuous", 0.0),
     ("x = 2 and x = -2", 0.0),                          # and the word continuity / limit
+    ("2a + 3 = 2 - 5", 0.15),                           # the unsimplified set-up counts
+    ("a(2) + 3 = -3", 0.15),
+    ("-3 = 2a + 3", 0.15),
+    ("2a + 3 = 2 - 50", 0.0),
+    ("2a + 3 = -3.5", 0.0),
+    ("2(-2) - b = -2 - 5", 0.15),
+    ("-7 = -4 - b", 0.15),
+    ("-4 - b = -7.5", 0.0),
+    ("-b = -3", 0.15),
+    ("2a = -6", 0.15),
     ("2a + 3 = -3 gives a = -3 and -4 - b = -7 gives b = 3", 0.60),
     ("a = -3, b = 3, \\boxed{0}", 0.60),
 ]
