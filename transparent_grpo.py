@@ -269,7 +269,7 @@ def _chunk_logprobs(h, weight, bias, targets, temperature):
     return lp, entropy
 
 
-def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=256):
+def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128):
     """log pi(y_t) at logits/T for the sampled tokens only. Only masked rows go through the LM head, `chunk` rows at
     a time, each recomputed in backward (checkpoint): never a full [B, T, V] tensor, in fp32 or otherwise."""
     rows = mask.flatten().nonzero().squeeze(1)                                          # [n] completion tokens
