@@ -22,8 +22,8 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
  7. Groups whose G rewards tie get zero task advantage (no 0/0); their fraction is logged.
  8. On GPU the weights stay fp32 and compute runs in bf16 autocast: AdamW steps of lr 2e-6 vanish in bf16 weights.
 """
-import json, math, os, random, re, resource, shutil, sys, time
-from dataclasses import asdict, dataclass, field, fields
+import json, math, os, re, resource, shutil, sys, time
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import torch
@@ -101,7 +101,7 @@ def resolve(cfg: Config, cuda: bool) -> Config:
     cfg.advantage = cfg.advantage or (OBJECTIVES[cfg.objective][2] if cfg.objective in OBJECTIVES else None)
     cfg.clip_eps = 0.2 if cfg.clip_eps is None else cfg.clip_eps
     cfg.clip_eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
-    cfg.minibatch_size = cfg.minibatch_size or cfg.prompts_per_step * cfg.group_size
+    cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size if cfg.minibatch_size is None else cfg.minibatch_size
     model_tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
     cfg.run_name = cfg.run_name or f"{cfg.objective}-{cfg.kl_estimator}-{model_tag}-seed{cfg.seed}"
     return cfg
@@ -133,7 +133,7 @@ def validate(cfg: Config):
     need(cfg.objective != "online_dpo" or cfg.minibatch_size % cfg.group_size == 0, "minibatch_size",
          f"online_dpo pairs samples within a group: use a multiple of group_size = {cfg.group_size}")
     need(cfg.objective != "online_dpo" or cfg.kl_placement == "none", "kl_placement", "online_dpo has its KL built in: use none")
-    need(cfg.beta > 0 or cfg.kl_placement == "none" or cfg.objective != "online_dpo", "beta", "online_dpo needs beta > 0")
+    need(cfg.objective != "online_dpo" or cfg.beta > 0, "beta", "online_dpo needs beta > 0 (its DPO temperature)")
     looks_local = cfg.model.startswith((".", "/", "~")) or cfg.model.endswith(".gguf")
     need(not looks_local or os.path.exists(os.path.expanduser(cfg.model)), "model", "no such file or folder")
     need(not cfg.model.startswith("bundled:") or bundled_gguf() is not None, "model",
@@ -174,13 +174,21 @@ AT_2 = r"(?:2\s*a|a\s*\(\s*2\s*\)|a\s*\\cdot\s*2)\s*\+\s*3\s*=\s*(?:-\s*3|2\s*-\
 AT_2_SWAP = r"(?:-\s*3|2\s*-\s*5)\s*=\s*(?:2\s*a|a\s*\(\s*2\s*\))\s*\+\s*3(?![\w(])"
 AT_M2 = r"(?:-\s*4|2\s*\(\s*-\s*2\s*\))\s*-\s*b\s*=\s*(?:-\s*7|-\s*2\s*-\s*5)" + END  # left = middle at x=-2
 AT_M2_SWAP = r"(?:-\s*7|-\s*2\s*-\s*5)\s*=\s*(?:-\s*4|2\s*\(\s*-\s*2\s*\))\s*-\s*b(?![\w(])"
-CREDIT = [  # (weight, what earns it); weights sum to 1.0, see the README's credit table
+MID_2 = r"(?:2\s*-\s*5|f\s*\(\s*2\s*\))\s*=\s*-\s*3" + END                # the middle piece at x=2
+MID_M2 = r"(?:-\s*2\s*-\s*5|f\s*\(\s*-\s*2\s*\))\s*=\s*-\s*7" + END      # the middle piece at x=-2
+RIGHT_2 = r"(?<![\w.])(?:2\s*a|a\s*\(\s*2\s*\)|a\s*\\cdot\s*2)\s*\+\s*3(?![\d.]*\d)"    # ax+3 at x=2
+LEFT_M2 = r"(?<![\w.])(?:-\s*4|2\s*\(\s*-\s*2\s*\))\s*-\s*b(?!\w)"                  # 2x-b at x=-2
+CREDIT = [  # (weight, what earns it): each correct step of the solution; weights sum to 1.0 (README's table)
     (0.05, lambda t: bool(re.search(r"x\s*=\s*2(?![\d.])", t) and re.search(CONTINUITY, t, re.I))),
     (0.05, lambda t: bool(re.search(r"x\s*=\s*-\s*2(?![\d.])", t) and re.search(CONTINUITY, t, re.I))),
-    (0.15, lambda t: bool(re.search(AT_2, t) or re.search(AT_2_SWAP, t) or re.search(r"2\s*a\s*=\s*-\s*6" + END, t))),
-    (0.15, lambda t: _last_value(r"(?<![\w\\])a\s*=\s*" + NUM, t) == ANSWER["a"]),
-    (0.15, lambda t: bool(re.search(AT_M2, t) or re.search(AT_M2_SWAP, t) or re.search(r"-\s*b\s*=\s*-\s*3" + END, t))),
-    (0.15, lambda t: _last_value(r"(?<![\w\\])b\s*=\s*" + NUM, t) == ANSWER["b"]),
+    (0.05, lambda t: bool(re.search(MID_2, t))),
+    (0.05, lambda t: bool(re.search(MID_M2, t))),
+    (0.05, lambda t: bool(re.search(RIGHT_2, t))),
+    (0.05, lambda t: bool(re.search(LEFT_M2, t))),
+    (0.10, lambda t: bool(re.search(AT_2, t) or re.search(AT_2_SWAP, t) or re.search(r"2\s*a\s*=\s*-\s*6" + END, t))),
+    (0.10, lambda t: _last_value(r"(?<![\w\\])a\s*=\s*" + NUM, t) == ANSWER["a"]),
+    (0.10, lambda t: bool(re.search(AT_M2, t) or re.search(AT_M2_SWAP, t) or re.search(r"-\s*b\s*=\s*-\s*3" + END, t))),
+    (0.10, lambda t: _last_value(r"(?<![\w\\])b\s*=\s*" + NUM, t) == ANSWER["b"]),
     (0.30, lambda t: _final_boxed(t) == ANSWER["a+b"]),
 ]
 
@@ -302,7 +310,8 @@ def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False):
         out = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
         h = out.hidden_states[-1][:, n_prompt - 1:-1]                                   # [B, T, H] states predicting y_t
     lp, ent = sampled_logprobs(h, unwrap(model).get_output_embeddings(), ids[:, n_prompt:], mask, temperature)
-    values = unwrap(model).v_head(h.float()).squeeze(-1) if with_values else None      # [B, T]
+    v_head = getattr(unwrap(model), "v_head", None)
+    values = v_head(h.to(v_head.weight.dtype)).float().squeeze(-1) if with_values else None  # [B, T]
     return lp, ent, values
 
 
@@ -384,7 +393,8 @@ def cispo(b, cfg, agg):
     """CISPO: -sg(min(r, 1+eps_max)) A logpi: clipped tokens keep their gradient, only its weight is capped."""
     r = torch.exp(b["lp"] - b["old_lp"]).detach()                                       # [B, T]
     w = r.clamp(max=1 + cfg.clip_eps_high)                                              # [B, T]
-    return agg(-w * b["adv"][:, None] * b["lp"]), {"clip/frac": ((r > 1 + cfg.clip_eps_high).float() * b["mask"]).sum() / b["mask"].sum()}
+    capped = ((r > 1 + cfg.clip_eps_high).float() * b["mask"]).sum() / b["mask"].sum()  # tokens whose weight is capped
+    return agg(-w * b["adv"][:, None] * b["lp"]), {"clip/frac": capped.item()}
 
 
 def reinforce(b, cfg, agg):
@@ -572,8 +582,9 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
                   gradient_clipping=cfg.max_grad_norm)
         ds.pop("train_batch_size", None)
     model, optimizer = accelerator.prepare(model, optimizer)
-    if ref is not None:
-        ref = ref.to(accelerator.device)
+    if ref is not None:  # same compute dtype as the policy (DeepSpeed bf16 casts the policy), so KL starts at 0
+        bf16 = accelerator.distributed_type == DistributedType.DEEPSPEED and accelerator.mixed_precision == "bf16"
+        ref = ref.to(accelerator.device, torch.bfloat16 if bf16 else None)
         if cfg.ref_update_every:
             accelerator.register_for_checkpointing(ref)
     if resume_path:
@@ -701,8 +712,9 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
             bar.set_postfix(reward=f"{m['reward/mean']:.3f}", kl=f"{m.get('kl/k1', 0):.4f}")
         if cfg.report_to != "none":
             accelerator.log(m, step=step)
-        if main and step in (start, cfg.num_steps - 1):  # a sample, so the log shows what the model writes
-            log.line(f"sample (reward {R[0].item():.2f}): {texts[0]!r}")
+        if main and (step % 5 == 0 or step == cfg.num_steps - 1):  # so the log shows what the model writes
+            best = int(R.argmax())
+            log.line(f"best sample of step {step} (reward {R[best].item():.2f}): {texts[best]!r}")
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.num_steps:
             save_checkpoint(accelerator, cfg, step + 1)
 

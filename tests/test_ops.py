@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import fields
 
 import pytest
 
@@ -33,6 +34,7 @@ BAD = [  # (flags, text the one-line error must contain)
     (["--temperature", "0"], "--temperature=0.0"),
     (["--prompts_per_step", "0"], "--prompts_per_step=0"),
     (["--group_size", "8", "--minibatch_size", "3"], "--minibatch_size=3"),
+    (["--minibatch_size", "0"], "--minibatch_size=0"),
     (["--objective", "online_dpo", "--group_size", "4", "--prompts_per_step", "2", "--minibatch_size", "2"], "--minibatch_size=2"),
     (["--objective", "online_dpo", "--kl_placement", "reward"], "--kl_placement='reward'"),
     (["--model", "./no/such/folder"], "--model='./no/such/folder'"),
@@ -48,6 +50,7 @@ BAD = [  # (flags, text the one-line error must contain)
     (["--keep_last", "0"], "--keep_last=0"),
     (["--max_bad_updates", "0"], "--max_bad_updates=0"),
     (["--entropy_coef", "-0.01"], "--entropy_coef=-0.01"),
+    (["--objective", "online_dpo", "--beta", "0"], "--beta=0.0"),
 ]
 
 
@@ -83,7 +86,7 @@ def test_help_lists_every_flag():
     p = subprocess.run([sys.executable, os.path.join(ROOT, "transparent_grpo.py"), "--help"], capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0
-    for f in tg.fields(tg.Config):
+    for f in fields(tg.Config):
         assert f"--{f.name}" in p.stdout
 
 

@@ -3,11 +3,14 @@ import pytest
 
 from transparent_grpo import CREDIT, toy_reward
 
-FULL = ("The function must be continuous at x = 2 and x = -2. At x = 2: 2a + 3 = -3, so a = -3. "
-        "At x = -2: -4 - b = -7, so b = 3. Therefore a + b = \\boxed{0}.")
+FULL = ("The function must be continuous at x = 2 and x = -2. At x = 2 the middle piece is 2 - 5 = -3, so "
+        "2a + 3 = -3 and a = -3. At x = -2 it is -2 - 5 = -7, so -4 - b = -7 and b = 3. Therefore a + b = \\boxed{0}.")
+TERSE = ("The function must be continuous at x = 2 and x = -2. At x = 2: 2a + 3 = -3, so a = -3. "
+         "At x = -2: -4 - b = -7, so b = 3. Therefore a + b = \\boxed{0}.")
 
 CASES = [  # (completion, exact reward)
     (FULL, 1.0),
+    (TERSE, 0.9),                                      # right, but the middle-piece values are not stated
     ("", 0.0),
     ("the answer is 0", 0.0),                          # no \boxed{}: no final-answer credit
     ("the answer is 10", 0.0),
@@ -19,23 +22,23 @@ CASES = [  # (completion, exact reward)
     ("$\\boxed{a+b=0}$", 0.30),
     ("\\boxed{0} then again \\boxed{10}", 0.0),         # only the last boxed answer counts
     ("\\boxed{10} no wait \\boxed{0}", 0.30),
-    ("a = -3", 0.15),
-    ("a=-3.", 0.15),
-    ("a = \u22123", 0.15),                              # unicode minus
+    ("a = -3", 0.10),
+    ("a=-3.", 0.10),
+    ("a = \u22123", 0.10),                              # unicode minus
     ("a = -30", 0.0),
     ("a = -3.5", 0.0),
     ("a = 3", 0.0),
     ("ba = -3", 0.0),                                   # not the variable a
     ("a = -3, later a = 5", 0.0),                       # the last stated value counts
-    ("a = 5, later a = -3", 0.15),
-    ("b = 3", 0.15),
+    ("a = 5, later a = -3", 0.10),
+    ("b = 3", 0.10),
     ("b = 33", 0.0),
     ("b = 3.5", 0.0),
     ("b = -3", 0.0),
-    ("2a + 3 = -3", 0.15),
-    ("2a+3=-30", 0.0),
-    ("-4 - b = -7", 0.15),
-    ("-4-b=-70", 0.0),
+    ("2a + 3 = -3", 0.15),             # the equation 0.10 + the right piece at 2 0.05
+    ("2a+3=-30", 0.05),                   # only the right piece at x=2
+    ("-4 - b = -7", 0.15),             # the equation 0.10 + the left piece at -2 0.05
+    ("-4-b=-70", 0.05),
     ("x = 2 and x = -2 are where it must be continuous", 0.10),
     ("x = 2 is where it must be continuous", 0.05),     # one point
     ("x = 20 is where it must be continuous", 0.0),
@@ -43,15 +46,19 @@ CASES = [  # (completion, exact reward)
     ("2a + 3 = 2 - 5", 0.15),                           # the unsimplified set-up counts
     ("a(2) + 3 = -3", 0.15),
     ("-3 = 2a + 3", 0.15),
-    ("2a + 3 = 2 - 50", 0.0),
-    ("2a + 3 = -3.5", 0.0),
+    ("2a + 3 = 2 - 50", 0.05),
+    ("2a + 3 = -3.5", 0.05),
     ("2(-2) - b = -2 - 5", 0.15),
     ("-7 = -4 - b", 0.15),
-    ("-4 - b = -7.5", 0.0),
-    ("-b = -3", 0.15),
-    ("2a = -6", 0.15),
-    ("2a + 3 = -3 gives a = -3 and -4 - b = -7 gives b = 3", 0.60),
-    ("a = -3, b = 3, \\boxed{0}", 0.60),
+    ("-4 - b = -7.5", 0.05),
+    ("-b = -3", 0.10),
+    ("2a = -6", 0.10),
+    ("2a + 3 = -3 gives a = -3 and -4 - b = -7 gives b = 3", 0.50),
+    ("a = -3, b = 3, \\boxed{0}", 0.50),
+    ("2 - 5 = -3", 0.05), ("f(2) = -3", 0.05), ("2 - 5 = -30", 0.0),   # the middle piece at x=2
+    ("-2 - 5 = -7", 0.05), ("f(-2) = -7", 0.05), ("-2 - 5 = -70", 0.0),
+    ("a(2) + 3", 0.05), ("12a + 3", 0.0), ("2a + 35", 0.0),           # the right piece at x=2
+    ("2(-2) - b", 0.05), ("-4 - ba", 0.0),                             # the left piece at x=-2
 ]
 
 
