@@ -165,3 +165,16 @@ def test_log_file_is_clean_lines(tiny_model, tmp_path):
     text = open(tmp_path / "r.log").read()
     assert "\r" not in text and "it/s" not in text
     assert sum(ln.startswith("step ") for ln in text.splitlines()) == 3
+
+
+def test_tensorboard_tracker_receives_the_metrics(tiny_model, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    tg.train(small_cfg(tiny_model, tmp_path, num_steps=2, report_to="tensorboard"), reward_fn=lambda t: 0.0)
+    events = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "r") for f in fs if f.startswith("events")]
+    tags = set()
+    for path in events:
+        acc = EventAccumulator(path)
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert {"reward/mean", "kl/k1", "time/step"} <= tags
