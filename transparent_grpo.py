@@ -167,7 +167,7 @@ PROBLEM = ("Let \\[f(x) = \\left\\{\\begin{array}{cl} ax+3, &\\text{ if }x>2, \\
            "(which means that its graph can be drawn without lifting your pencil from the paper).")
 ANSWER = {"a": -3.0, "b": 3.0, "a+b": 0.0}  # continuity at x=2: 2a+3 = -3; at x=-2: -4-b = -7
 
-NUM = r"(-?\s*\d+(?:\.\d+)?)(?!\.?\d)"          # a number, not the prefix of a longer one
+NUM = r"\s*(-?\s*\d+(?:\.\d+)?)(?!\.?\d)(?![a-zA-Z(])(?!\s*(?:[-+*/^]|\\cdot|\\times)\s*[\w(\\])"  # not 30, 3a, 3 + b
 END = r"(?![\d.]*\d)"                              # "-3" must not continue as "-30" or "-3.5"
 CONTINUITY = r"continu|\\lim|limit"
 AT_2 = r"(?:2\s*a|a\s*\(\s*2\s*\)|a\s*\\cdot\s*2)\s*\+\s*3\s*=\s*(?:-\s*3|2\s*-\s*5)" + END       # right = middle at x=2
@@ -186,16 +186,18 @@ CREDIT = [  # (weight, what earns it): each correct step of the solution; weight
     (0.05, lambda t: bool(re.search(RIGHT_2, t))),
     (0.05, lambda t: bool(re.search(LEFT_M2, t))),
     (0.10, lambda t: bool(re.search(AT_2, t) or re.search(AT_2_SWAP, t) or re.search(r"2\s*a\s*=\s*-\s*6" + END, t))),
-    (0.10, lambda t: _last_value(r"(?<![\w\\])a\s*=\s*" + NUM, t) == ANSWER["a"]),
+    (0.10, lambda t: _last_value("a", t) == ANSWER["a"]),
     (0.10, lambda t: bool(re.search(AT_M2, t) or re.search(AT_M2_SWAP, t) or re.search(r"-\s*b\s*=\s*-\s*3" + END, t))),
-    (0.10, lambda t: _last_value(r"(?<![\w\\])b\s*=\s*" + NUM, t) == ANSWER["b"]),
+    (0.10, lambda t: _last_value("b", t) == ANSWER["b"]),
     (0.30, lambda t: _final_boxed(t) == ANSWER["a+b"]),
 ]
 
 
-def _last_value(pattern, text):
-    hits = re.findall(pattern, text.replace("\u2212", "-"))
-    return float(hits[-1].replace(" ", "")) if hits else None
+def _last_value(var, text):
+    """The value in the LAST statement `var = ...` (not `a + b = ...`, not `2a = ...`), or None if it is no number."""
+    starts = [m.end() for m in re.finditer(rf"(?<!\+)(?<!\+\s)(?<![\w\\]){var}\s*=", text)]
+    value = re.match(NUM, text[starts[-1]:]) if starts else None
+    return float(value.group(1).replace(" ", "")) if value else None
 
 
 def _final_boxed(text):
