@@ -169,25 +169,26 @@ ANSWER = {"a": -3.0, "b": 3.0, "a+b": 0.0}  # continuity at x=2: 2a+3 = -3; at x
 
 NUM = r"\s*(-?\s*\d+(?:\.\d+)?)(?!\.?\d)(?![a-zA-Z(])(?!\s*(?:[-+*/^]|\\cdot|\\times)\s*[\w(\\])"  # not 30, 3a, 3 + b
 END = r"(?![\d.]*\d)"                              # "-3" must not continue as "-30" or "-3.5"
+START = r"(?<![\w.])"                             # "2a" must not be the tail of "12a", "2 - 5" of "12 - 5"
 CONTINUITY = r"continu|\\lim|limit"
-AT_2 = r"(?:2\s*a|a\s*\(\s*2\s*\)|a\s*\\cdot\s*2)\s*\+\s*3\s*=\s*(?:-\s*3|2\s*-\s*5)" + END       # right = middle at x=2
-AT_2_SWAP = r"(?:-\s*3|2\s*-\s*5)\s*=\s*(?:2\s*a|a\s*\(\s*2\s*\))\s*\+\s*3(?![\w(])"
-AT_M2 = r"(?:-\s*4|2\s*\(\s*-\s*2\s*\))\s*-\s*b\s*=\s*(?:-\s*7|-\s*2\s*-\s*5)" + END  # left = middle at x=-2
-AT_M2_SWAP = r"(?:-\s*7|-\s*2\s*-\s*5)\s*=\s*(?:-\s*4|2\s*\(\s*-\s*2\s*\))\s*-\s*b(?![\w(])"
-MID_2 = r"(?:2\s*-\s*5|f\s*\(\s*2\s*\))\s*=\s*-\s*3" + END                # the middle piece at x=2
-MID_M2 = r"(?:-\s*2\s*-\s*5|f\s*\(\s*-\s*2\s*\))\s*=\s*-\s*7" + END      # the middle piece at x=-2
-RIGHT_2 = r"(?<![\w.])(?:2\s*a|a\s*\(\s*2\s*\)|a\s*\\cdot\s*2)\s*\+\s*3(?![\d.]*\d)"    # ax+3 at x=2
-LEFT_M2 = r"(?<![\w.])(?:-\s*4|2\s*\(\s*-\s*2\s*\))\s*-\s*b(?!\w)"                  # 2x-b at x=-2
+AT_2 = START + r"(?:2\s*a|a\s*\(\s*2\s*\)|a\s*\\cdot\s*2)\s*\+\s*3\s*=\s*(?:-\s*3|2\s*-\s*5)" + END  # right = middle at x=2
+AT_2_SWAP = START + r"(?:-\s*3|2\s*-\s*5)\s*=\s*(?:2\s*a|a\s*\(\s*2\s*\))\s*\+\s*3(?![\w(])"
+AT_M2 = START + r"(?:-\s*4|2\s*\(\s*-\s*2\s*\))\s*-\s*b\s*=\s*(?:-\s*7|-\s*2\s*-\s*5)" + END   # left = middle at x=-2
+AT_M2_SWAP = START + r"(?:-\s*7|-\s*2\s*-\s*5)\s*=\s*(?:-\s*4|2\s*\(\s*-\s*2\s*\))\s*-\s*b(?![\w(])"
+MID_2 = START + r"(?:2\s*-\s*5|f\s*\(\s*2\s*\))\s*=\s*-\s*3" + END          # the middle piece at x=2
+MID_M2 = START + r"(?:-\s*2\s*-\s*5|f\s*\(\s*-\s*2\s*\))\s*=\s*-\s*7" + END  # the middle piece at x=-2
+RIGHT_2 = START + r"(?:2\s*a|a\s*\(\s*2\s*\)|a\s*\\cdot\s*2)\s*\+\s*3" + END  # ax+3 at x=2
+LEFT_M2 = START + r"(?:-\s*4|2\s*\(\s*-\s*2\s*\))\s*-\s*b(?!\w)"            # 2x-b at x=-2
 CREDIT = [  # (weight, what earns it): each correct step of the solution; weights sum to 1.0 (README's table)
-    (0.05, lambda t: bool(re.search(r"x\s*=\s*2(?![\d.])", t) and re.search(CONTINUITY, t, re.I))),
-    (0.05, lambda t: bool(re.search(r"x\s*=\s*-\s*2(?![\d.])", t) and re.search(CONTINUITY, t, re.I))),
+    (0.05, lambda t: bool(re.search(START + r"x\s*=\s*2(?![\d.])", t) and re.search(CONTINUITY, t, re.I))),
+    (0.05, lambda t: bool(re.search(START + r"x\s*=\s*-\s*2(?![\d.])", t) and re.search(CONTINUITY, t, re.I))),
     (0.05, lambda t: bool(re.search(MID_2, t))),
     (0.05, lambda t: bool(re.search(MID_M2, t))),
     (0.05, lambda t: bool(re.search(RIGHT_2, t))),
     (0.05, lambda t: bool(re.search(LEFT_M2, t))),
-    (0.10, lambda t: bool(re.search(AT_2, t) or re.search(AT_2_SWAP, t) or re.search(r"2\s*a\s*=\s*-\s*6" + END, t))),
+    (0.10, lambda t: bool(re.search(AT_2, t) or re.search(AT_2_SWAP, t) or re.search(START + r"2\s*a\s*=\s*-\s*6" + END, t))),
     (0.10, lambda t: _last_value("a", t) == ANSWER["a"]),
-    (0.10, lambda t: bool(re.search(AT_M2, t) or re.search(AT_M2_SWAP, t) or re.search(r"-\s*b\s*=\s*-\s*3" + END, t))),
+    (0.10, lambda t: bool(re.search(AT_M2, t) or re.search(AT_M2_SWAP, t) or re.search(START + r"-\s*b\s*=\s*-\s*3" + END, t))),
     (0.10, lambda t: _last_value("b", t) == ANSWER["b"]),
     (0.30, lambda t: _final_boxed(t) == ANSWER["a+b"]),
 ]
