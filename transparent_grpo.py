@@ -660,6 +660,7 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
                              old_values=old_values[idx] if old_values is not None else None,
                              returns=returns[idx] if returns is not None else None)
                     loss, st = policy_loss(b, cfg)
+                stats.append(st)  # every process logs the same keys, even if it skips all its updates
                 if not torch.isfinite(loss):  # numerical guard: skip this update
                     skipped, bad_in_a_row = skipped + 1, bad_in_a_row + 1
                     optimizer.zero_grad()
@@ -670,7 +671,7 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
                     if math.isfinite(norm) or accelerator.distributed_type == DistributedType.DEEPSPEED:
                         optimizer.step()
                         bad_in_a_row = 0
-                        losses.append(loss.item()), norms.append(norm), stats.append(st)
+                        losses.append(loss.item()), norms.append(norm)
                     else:
                         skipped, bad_in_a_row = skipped + 1, bad_in_a_row + 1
                     optimizer.zero_grad()
