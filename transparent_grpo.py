@@ -202,7 +202,7 @@ def _last_value(var, text):
 
 
 def _final_boxed(text):
-    boxed = re.findall(r"\\boxed\{([^{}]*)\}", text.replace("\u2212", "-"))
+    boxed = re.findall(r"\\boxed\{([^{}]*)\}", text)
     m = re.fullmatch(r"\s*\$?\s*(?:a\s*\+\s*b\s*=\s*)?(-?\d+(?:\.\d+)?)\s*\$?\s*", boxed[-1]) if boxed else None
     return float(m.group(1)) if m else None
 
@@ -330,7 +330,7 @@ ADVANTAGES = {  # task-reward advantage within each group; R: [P, G]
     "mean": lambda R: R - R.mean(1, keepdim=True),                                     # Dr.GRPO
     "rloo": lambda R: (R - R.mean(1, keepdim=True)) * R.shape[1] / (R.shape[1] - 1),   # R_i - mean_{j!=i} R_j
     "none": lambda R: R,                                                               # plain REINFORCE
-    "gae": lambda R: R - R.mean(1, keepdim=True),  # ppo: token advantages come from GAE (§7); this is only logged
+    "gae": lambda R: R - R.mean(1, keepdim=True),  # ppo: token advantages come from gae() below; this is only logged
 }
 
 

@@ -301,3 +301,13 @@ def test_bandit_every_objective_finds_the_best_arm(objective):
         loss.backward()
         opt.step()
     assert torch.softmax(theta, 0)[2] > 0.9, torch.softmax(theta, 0)
+
+
+def test_entropy_bonus_raises_entropy():
+    """loss -= c * H: the gradient of the loss with respect to each token's entropy is -c / |o| (seq_mean)."""
+    H = torch.full((2, 4), 1.5, dtype=D, requires_grad=True)
+    lp = torch.zeros(2, 4, dtype=D, requires_grad=True)
+    b = dict(lp=lp, old_lp=lp.detach(), mask=torch.ones(2, 4, dtype=D), adv=torch.zeros(2, dtype=D),
+             R=torch.zeros(2, dtype=D), entropy=H)
+    g = torch.autograd.grad(tg.policy_loss(b, cfg_for(entropy_coef=0.1, beta=0.0))[0], H)[0]
+    torch.testing.assert_close(g, torch.full((2, 4), -0.1 / 4 / 2, dtype=D))

@@ -178,3 +178,14 @@ def test_tensorboard_tracker_receives_the_metrics(tiny_model, tmp_path):
         acc.Reload()
         tags |= set(acc.Tags()["scalars"])
     assert {"reward/mean", "kl/k1", "time/step"} <= tags
+
+
+def test_reference_refresh_copies_the_policy(tiny_model, tmp_path, monkeypatch):
+    """With --ref_update_every 1 the KL measured at step 2 is 0: the reference was reset to the policy."""
+    cfg = small_cfg(tiny_model, tmp_path, num_steps=3, ref_update_every=1, learning_rate=1e-2)
+    tg.train(cfg, reward_fn=lambda t: t.count("a") / 8)
+    rows = [json.loads(ln) for ln in open(tmp_path / "r.jsonl")]
+    assert rows[0]["kl/k1"] == 0 and rows[2]["kl/k1"] == pytest.approx(0, abs=1e-6)
+    cfg = small_cfg(tiny_model, tmp_path / "no", num_steps=3, learning_rate=1e-2)
+    tg.train(cfg, reward_fn=lambda t: t.count("a") / 8)
+    assert abs(json.loads(open(tmp_path / "no" / "r.jsonl").readlines()[2])["kl/k1"]) > 1e-4
