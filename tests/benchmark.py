@@ -8,7 +8,9 @@
 Same model folder, prompt, G, completion length, beta, learning rate, mu = 1, max_grad_norm = 1, fp32 on CPU, and
 the same reward function. Each system runs in its own process. It reports the median step time of steps 2..N (steps
 0 and 1 are warm-up) and its peak memory: peak RSS on CPU (getrusage), peak allocated memory on GPU.
-Not collected by pytest (the file name does not start with test_).
+`--systems ours,ours_hf,trl` also runs this script with `--sampler hf` (HF generate) to compare the two samplers, and
+every run prints the physical floor of sampling: reading the weights once per decode step at the memory bandwidth
+measured on this machine. Not collected by pytest (the file name does not start with test_).
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile, textwrap
 
@@ -77,18 +79,31 @@ def local_model(args):
     return folder
 
 
-def run_ours(args, model, work):
-    cmd = [sys.executable, os.path.join(ROOT, "transparent_grpo.py"), "--model", model, "--group_size",
+def run_ours(args, model, work, sampler="fast"):
+    cmd = [sys.executable, os.path.join(ROOT, "transparent_grpo.py"), "--model", model, "--sampler", sampler,
+           "--worked_example", "false", "--truncation_penalty", "0", "--group_size",
            str(args.group_size), "--prompts_per_step", "1", "--max_new_tokens", str(args.max_new_tokens), "--beta",
            str(args.beta), "--learning_rate", str(args.lr), "--inner_epochs", "1", "--temperature", "1.0",
            "--num_steps", str(args.steps), "--seed", str(args.seed), "--max_grad_norm", "1.0",
-           "--output_dir", os.path.join(work, "out"), "--log_dir", work, "--run_name", "ours"]
+           "--output_dir", os.path.join(work, "out"), "--log_dir", work, "--run_name", f"ours-{sampler}"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         sys.exit(p.stdout[-3000:] + p.stderr[-3000:])
-    rows = [json.loads(ln) for ln in open(os.path.join(work, "ours.jsonl"))]
+    rows = [json.loads(ln) for ln in open(os.path.join(work, f"ours-{sampler}.jsonl"))]
     return {"step_times": [r["time/step"] for r in rows], "peak_gb": max(r["perf/peak_mem_gb"] for r in rows),
-            "len": statistics.mean(r["completion/len_mean"] for r in rows)}
+            "generate_s": statistics.median(r["time/generate"] for r in rows[2:] or rows),
+            "tokens": statistics.median(r["completion/len_max"] for r in rows[2:] or rows)}
+
+
+def floor(model):
+    """Seconds to read the weights once, at the memory bandwidth measured here (the best of 5 sums of 1 GiB)."""
+    import time, torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    x = torch.ones(2 ** 28)                                                    # 1 GiB of fp32
+    best = min((lambda t: (x.sum(), time.time() - t)[1])(time.time()) for _ in range(5))
+    with torch.device("meta"):                                                 # count parameters, allocate nothing
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).parameters())
+    return params * 4 / (2 ** 30 / best), 2 ** 30 / best / 1e9, params
 
 
 def run_trl(args, model, work):
@@ -112,13 +127,14 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--systems", default="ours,trl")
+    ap.add_argument("--systems", default="ours,ours_hf,trl")
     args = ap.parse_args()
     model = local_model(args)
     results = {}
     with tempfile.TemporaryDirectory() as work:
         for name in args.systems.split(","):
-            results[name] = {"ours": run_ours, "trl": run_trl}[name](args, model, work)
+            run = {"ours": run_ours, "ours_hf": lambda *a: run_ours(*a, sampler="hf"), "trl": run_trl}[name]
+            results[name] = run(args, model, work)
             r = results[name]
             r["median_step_s"] = statistics.median(r["step_times"][2:] or r["step_times"])
             print(f"{name:>5}: median step {r['median_step_s']:.1f} s (steps 2..{args.steps - 1}: "
@@ -127,6 +143,15 @@ def main():
         o, t = results["ours"], results["trl"]
         print(f"ratio ours/TRL: step time {o['median_step_s'] / t['median_step_s']:.2f}x, "
               f"peak memory {o['peak_gb'] / t['peak_gb']:.2f}x")
+    if {"ours", "ours_hf"} <= results.keys():
+        f, h = results["ours"], results["ours_hf"]
+        print(f"generate: --sampler fast {f['generate_s']:.1f} s, --sampler hf {h['generate_s']:.1f} s "
+              f"({h['generate_s'] / f['generate_s']:.2f}x faster)")
+    if "ours" in results:
+        read_s, gbps, params = floor(model)
+        steps = results["ours"]["tokens"]
+        print(f"floor: {steps:.0f} decode steps x {params * 4 / 1e9:.2f} GB of fp32 weights at {gbps:.1f} GB/s = "
+              f"{steps * read_s:.1f} s; --sampler fast takes {results['ours']['generate_s'] / (steps * read_s):.1f}x that")
     print(json.dumps({"config": vars(args), "model_folder": model, **results}))
 
 

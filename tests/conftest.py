@@ -35,7 +35,7 @@ def make_tiny_model(folder, arch="llama", hidden=32, layers=2, seed=0):
     tok = make_tokenizer()
     C = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
     config = C(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
                tie_word_embeddings=arch == "qwen2")
     torch.manual_seed(seed)

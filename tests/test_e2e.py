@@ -33,6 +33,7 @@ def run_script(tmp_path, *args, launcher=(), timeout=300):
 
 def check_run(tmp_path, p, rows, required=REQUIRED):
     assert [r["step"] for r in rows] == [0, 1]
+    assert rows[0]["kl/k1"] == 0.0  # the reference computes exactly what the policy computes before any update
     for r in rows:
         missing = [k for k in required if k not in r]
         assert not missing, missing
@@ -55,7 +56,34 @@ def test_accelerate_launch_deepspeed_zero2(tmp_path, tiny_model):
                          launcher=[os.path.join(BIN, "accelerate"), "launch", "--use_deepspeed", "--zero_stage", "2",
                                    "--num_processes", "1"])
     check_run(tmp_path, p, rows)
-    assert "DEEPSPEED" in p.stdout
+    assert "DEEPSPEED" in p.stdout and "weights: torch.float32 |" in p.stdout
+
+
+@pytest.mark.parametrize("deepspeed", [False, True], ids=["autocast", "deepspeed_zero2"])
+def test_bf16_mixed_precision_keeps_kl_zero_at_step_0(tmp_path, tiny_qwen, deepspeed):
+    """--mixed_precision bf16 is honoured on CPU. Under DeepSpeed the engine casts the policy's parameters to bf16 but
+    keeps buffers such as rotary inv_freq in fp32: a reference cast whole to bf16 would differ from the policy before
+    any update (KL != 0). Qwen2 is the GPU default's architecture."""
+    ds = ["--use_deepspeed", "--zero_stage", "2"] if deepspeed else []
+    p, rows = run_script(tmp_path, "--model", tiny_qwen, launcher=[os.path.join(BIN, "accelerate"), "launch", *ds,
+                                                                     "--num_processes", "1", "--mixed_precision", "bf16"])
+    check_run(tmp_path, p, rows)
+    assert "mixed precision: bf16" in p.stdout
+    weights = "torch.bfloat16 (fp32 masters in DeepSpeed's optimizer)" if deepspeed else "torch.float32"
+    assert f"weights: {weights} |" in p.stdout
+
+
+def test_deepspeed_skipped_steps_count_as_skipped(tmp_path, tiny_model):
+    """A finite loss whose gradient norm overflows: DeepSpeed skips the step (norm inf); the run counts it as a bad
+    update and stops after --max_bad_updates of them, as without DeepSpeed."""
+    cmd = [os.path.join(BIN, "accelerate"), "launch", "--use_deepspeed", "--zero_stage", "2", "--num_processes", "1",
+           os.path.join(ROOT, "transparent_grpo.py"), "--model", tiny_model, "--num_steps", "5", "--max_new_tokens",
+           "8", "--group_size", "4", "--entropy_coef", "1e30", "--max_bad_updates", "2", "--output_dir",
+           str(tmp_path / "out"), "--log_dir", str(tmp_path / "logs"), "--run_name", "t"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "stopping: 2 non-finite losses or gradients in a row at step 1" in p.stdout
+    rows = [json.loads(ln) for ln in open(tmp_path / "logs" / "t.jsonl")]
+    assert [r["optim/skipped_updates"] for r in rows] == [1.0] and math.isfinite(rows[0]["optim/grad_norm"])
 
 
 @pytest.mark.parametrize("objective", sorted(tg.OBJECTIVES))
@@ -64,6 +92,35 @@ def test_every_objective_runs(tmp_path, tiny_qwen, objective):
                          "--minibatch_size", "4" if objective == "online_dpo" else "2")
     required = [k for k in REQUIRED if not (k.startswith("clip/") and objective in ("reinforce", "rloo", "online_dpo"))]
     check_run(tmp_path, p, rows, required)
+
+
+def test_max_grad_norm_0_means_no_clipping(tiny_model, tmp_path):
+    """0 turns clipping off (as DeepSpeed reads it), it does not zero every gradient: the weights move."""
+    from transformers import AutoModelForCausalLM
+    cfg = tg.resolve(tg.Config(model=tiny_model, group_size=4, max_new_tokens=8, learning_rate=1e-2, num_steps=1,
+                               max_grad_norm=0.0, output_dir=str(tmp_path), log_dir=str(tmp_path), run_name="g"),
+                     cuda=False)
+    final = tg.train(cfg, reward_fn=lambda t: t.count("a") + 0.1 * len(t), messages=[{"role": "user", "content": "a"}])
+    before = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(final).state_dict()
+    assert max((after[k] - before[k]).abs().max().item() for k in before) > 1e-3
+    assert json.loads(open(tmp_path / "g.jsonl").readline())["optim/grad_norm"] > 0
+
+
+def test_gradient_checkpointing_trains_and_gives_the_same_logprobs(tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).double().train()
+    ids = torch.randint(6, model.config.vocab_size, (3, 12))
+    ids[:, :6] = ids[0, :6]                                            # a shared prompt: the cached path without it
+    mask = torch.ones(3, 6)
+    plain = tg.token_logprobs(model, ids, 6, mask, 0.8)[0]
+    getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
+    torch.testing.assert_close(tg.token_logprobs(model, ids, 6, mask, 0.8)[0], plain, rtol=0, atol=1e-12)
+    cfg = tg.resolve(tg.Config(model=tiny_model, group_size=4, max_new_tokens=8, num_steps=2, learning_rate=1e-2,
+                               gradient_checkpointing=True, output_dir=str(tmp_path), log_dir=str(tmp_path),
+                               run_name="c"), cuda=False)
+    tg.train(cfg, reward_fn=lambda t: t.count("a") / 8)
+    assert [json.loads(ln)["step"] for ln in open(tmp_path / "c.jsonl")] == [0, 1]
 
 
 @pytest.mark.parametrize("estimator", sorted(tg.KL_ESTIMATORS))

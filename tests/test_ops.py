@@ -13,7 +13,7 @@ import transparent_grpo as tg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-BAD = [  # (flags, text the one-line error must contain)
+BAD = [  # (flags, text the one-line error must contain); {tmp} is a scratch folder made by the test
     (["--objective", "foo"], "--objective='foo'"),
     (["--kl_estimator", "k4"], "--kl_estimator='k4'"),
     (["--kl_placement", "everywhere"], "--kl_placement='everywhere'"),
@@ -35,7 +35,8 @@ BAD = [  # (flags, text the one-line error must contain)
     (["--prompts_per_step", "0"], "--prompts_per_step=0"),
     (["--group_size", "8", "--minibatch_size", "3"], "--minibatch_size=3"),
     (["--minibatch_size", "0"], "--minibatch_size=0"),
-    (["--objective", "online_dpo", "--group_size", "4", "--prompts_per_step", "2", "--minibatch_size", "2"], "--minibatch_size=2"),
+    (["--objective", "online_dpo", "--group_size", "4", "--prompts_per_step", "2", "--minibatch_size", "2"],
+     "--minibatch_size=2"),
     (["--objective", "online_dpo", "--kl_placement", "reward"], "--kl_placement='reward'"),
     (["--model", "./no/such/folder"], "--model='./no/such/folder'"),
     (["--model", "/no/such/model.gguf"], "--model='/no/such/model.gguf'"),
@@ -51,15 +52,72 @@ BAD = [  # (flags, text the one-line error must contain)
     (["--max_bad_updates", "0"], "--max_bad_updates=0"),
     (["--entropy_coef", "-0.01"], "--entropy_coef=-0.01"),
     (["--objective", "online_dpo", "--beta", "0"], "--beta=0.0"),
+    # --model: a local path must be a .gguf file or a folder with a config.json; a hub id must be reachable
+    (["--model", "{tmp}/notes.md"], "not a .gguf file or a folder with a config.json"),
+    (["--model", "{tmp}/empty"], "not a .gguf file or a folder with a config.json"),
+    (["--model", "{tmp}/fake.gguf"], "its config cannot be read"),
+    (["--model", "some-org/some-model"], "not in the local Hugging Face cache and the hub cannot be reached"),
+    (["--model", "not a model id!"], "not a local path and not a hub id"),
+    (["--model", ""], "not a local path and not a hub id"),
+    # the context window, read from the model's config without loading weights
+    (["--model", "{tiny}", "--max_new_tokens", "100000"], "context window is 2048 tokens"),
+    (["--model", "{tiny}", "--max_new_tokens", "2048"], "context window is 2048 tokens"),
+    # folders that cannot be created or written
+    (["--log_dir", "/proc/nope"], "--log_dir='/proc/nope' is invalid: cannot create or write"),
+    (["--output_dir", "/proc/nope"], "--output_dir='/proc/nope' is invalid: cannot create or write"),
+    (["--output_dir", "{tmp}/notes.md"], "cannot create or write"),
+    (["--log_dir", "{tmp}/notes.md/logs"], "cannot create or write"),
+    # numbers out of range
+    (["--seed", "-5"], "--seed=-5 is invalid: must be an integer in [0, 2**32)"),
+    (["--seed", "4294967296"], "--seed=4294967296"),
+    (["--temperature", "inf"], "--temperature=inf"),
+    (["--learning_rate", "nan"], "--learning_rate=nan"),
+    (["--truncation_penalty", "-0.1"], "--truncation_penalty=-0.1"),
+    (["--vf_clip", "0"], "--vf_clip=0.0"),
+    (["--vf_coef", "-1"], "--vf_coef=-1.0"),
+    (["--ref_update_every", "-1"], "--ref_update_every=-1"),
+    (["--gamma", "0"], "--gamma=0.0"),
+    (["--lam", "-0.1"], "--lam=-0.1"),
+    (["--prompts_per_step", "-1"], "--prompts_per_step=-1"),
+    (["--group_size", "3", "--minibatch_size", "2"], "--minibatch_size=2"),
+    (["--sampler", "vllm"], "--sampler='vllm'"),
+    # checkpoints and logs that are not this script's
+    (["--resume_from", "{tmp}/empty"], "not a checkpoint of this script"),
+    (["--resume_from", "{tmp}/notes.md"], "not a checkpoint of this script"),
+    (["--plot", "{tmp}/missing.jsonl"], "not a JSONL log of this script"),
+    (["--plot", "{tmp}/notes.md"], "not a JSONL log of this script"),
+    (["--plot", "{tmp}/empty.jsonl"], "not a JSONL log of this script"),
+    (["--plot", "{tmp}/other.jsonl"], "not a JSONL log of this script"),
 ]
 
 
+@pytest.fixture
+def scratch(tmp_path):
+    (tmp_path / "notes.md").write_text("# not a model\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "fake.gguf").write_text("not gguf")
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "other.jsonl").write_text('{"loss": 1.0}\n')
+    return tmp_path
+
+
 @pytest.mark.parametrize("flags,expected", BAD, ids=[" ".join(f) for f, _ in BAD])
-def test_bad_input_is_rejected_with_one_clear_line(flags, expected, tmp_path):
-    with pytest.raises(tg.ConfigError) as err:
-        tg.parse_config(["--output_dir", str(tmp_path), *flags], cuda=False)
-    message = str(err.value)
-    assert expected in message and "\n" not in message and len(message) < 200
+def test_bad_input_is_one_line_exit_2_before_any_model_loads(flags, expected, scratch, tiny_model, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(tg, "load_model", lambda *a: pytest.fail("a model was loaded"))
+    flags = [f.format(tmp=scratch, tiny=tiny_model) for f in flags]
+    t = time.time()
+    with pytest.raises(SystemExit) as stop:
+        tg.main(["--output_dir", str(scratch / "out"), "--log_dir", str(scratch / "logs"), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2, err
+    assert len(err) == 1 and err[0].startswith("error: --") and expected in err[0], err
+    assert "Traceback" not in err[0] and len(err[0]) < 300
+    assert time.time() - t < 15
+
+
+def test_the_table_covers_the_families():
+    assert len(BAD) >= 55
 
 
 def test_auto_without_gpu_or_bundled_model_says_what_to_install(monkeypatch):
@@ -189,3 +247,84 @@ def test_reference_refresh_copies_the_policy(tiny_model, tmp_path, monkeypatch):
     cfg = small_cfg(tiny_model, tmp_path / "no", num_steps=3, learning_rate=1e-2)
     tg.train(cfg, reward_fn=lambda t: t.count("a") / 8)
     assert abs(json.loads(open(tmp_path / "no" / "r.jsonl").readlines()[2])["kl/k1"]) > 1e-4
+
+
+# ------------------------------------------------------------------ errors after the start: one line, exit code 1
+def run_main(args, capsys):
+    """Exit code and the stderr lines that are not progress bars; no traceback anywhere."""
+    with pytest.raises(SystemExit) as stop:
+        tg.main(args)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return stop.value.code, [ln for ln in err.strip().splitlines() if ln.strip() and not ln.startswith(("Loading", "Writing"))]
+
+
+def main_args(model, tmp_path, *extra):
+    return ["--model", model, "--group_size", "4", "--max_new_tokens", "8", "--num_steps", "3", "--output_dir",
+            str(tmp_path / "out"), "--log_dir", str(tmp_path / "logs"), "--run_name", "r", *extra]
+
+
+def test_a_full_disk_while_saving_is_one_line_and_leaves_no_checkpoint(tiny_model, tmp_path, monkeypatch, capsys):
+    import accelerate
+
+    def no_space(self, path, *a, **kw):
+        os.makedirs(path, exist_ok=True)
+        open(os.path.join(path, "model.safetensors"), "w").write("half")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(accelerate.Accelerator, "save_state", no_space)
+    code, err = run_main(main_args(tiny_model, tmp_path, "--save_every", "1"), capsys)
+    assert code == 1 and len(err) == 1 and err[0].startswith("error: could not save") and "No space left" in err[0]
+    assert tg.latest_checkpoint(tg.resolve(tg.Config(**dict(zip(["model", "output_dir", "run_name"],
+                                                                 [tiny_model, str(tmp_path / "out"), "r"]))),
+                                           cuda=False)) is None
+
+
+def test_a_tracker_that_fails_to_start_is_one_line(tiny_model, tmp_path, monkeypatch, capsys):
+    import accelerate
+    monkeypatch.setattr(accelerate.Accelerator, "init_trackers", lambda *a, **k: (_ for _ in ()).throw(
+        RuntimeError("no network\nsecond line")))
+    code, err = run_main(main_args(tiny_model, tmp_path, "--report_to", "tensorboard"), capsys)
+    assert code == 1 and err == ["error: --report_to=tensorboard could not start: RuntimeError: no network"]
+
+
+def test_a_corrupt_checkpoint_is_one_line(tiny_model, tmp_path, capsys):
+    tg.main(main_args(tiny_model, tmp_path, "--save_every", "1"))
+    ckpt = sorted((tmp_path / "out" / "r" / "checkpoints").iterdir())[-1]
+    (ckpt / "model.safetensors").write_bytes(b"garbage")
+    code, err = run_main(main_args(tiny_model, tmp_path, "--resume", "--num_steps", "4"), capsys)
+    assert code == 1 and len(err) == 1 and err[0].startswith(f"error: checkpoint {ckpt} could not be loaded")
+
+
+def test_a_run_killed_during_a_save_resumes_from_the_last_complete_checkpoint(tiny_model, tmp_path):
+    """SIGKILL while the third checkpoint is being written (made slow on purpose): its folder is a *.tmp, and
+    --resume picks the one before."""
+    slow = tmp_path / "slow_save.py"
+    slow.write_text(f"""
+import sys, time, accelerate
+sys.path.insert(0, {ROOT!r})
+import transparent_grpo as tg
+original = accelerate.Accelerator.save_state
+def slow_save(self, path, *a, **kw):
+    out = original(self, path, *a, **kw)
+    if "step_000003" in path:
+        time.sleep(60)                            # written, not yet marked complete nor renamed
+    return out
+accelerate.Accelerator.save_state = slow_save
+tg.main(sys.argv[1:])
+""")
+    args = main_args(tiny_model, tmp_path, "--save_every", "1", "--num_steps", "6", "--keep_last", "5")
+    proc = subprocess.Popen([sys.executable, str(slow), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    partial = tmp_path / "out" / "r" / "checkpoints" / "step_000003.tmp"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (partial / "model.safetensors").exists():
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert partial.exists() and not (partial / "meta.json").exists()
+    assert sorted(p.name for p in partial.parent.iterdir()) == ["step_000001", "step_000002", "step_000003.tmp"]
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "transparent_grpo.py"), *args, "--resume"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert f"resumed from {partial.parent / 'step_000002'} at step 2" in p.stdout
+    assert [json.loads(ln)["step"] for ln in open(tmp_path / "logs" / "r.jsonl")] == list(range(6))

@@ -67,6 +67,18 @@ CASES = [  # (completion, exact reward)
     ("-2 - 5 = -7", 0.05), ("f(-2) = -7", 0.05), ("-2 - 5 = -70", 0.0),
     ("a(2) + 3", 0.05), ("12a + 3", 0.0), ("2a + 35", 0.0),           # the right piece at x=2
     ("2(-2) - b", 0.05), ("-4 - ba", 0.0),                             # the left piece at x=-2
+    # a statement counts only whole: the right side may not continue with a variable, a digit or an operator ...
+    ("2a + 3 = -3x", 0.05), ("-4 - b = -7b", 0.05), ("f(2) = -3a", 0.0), ("2a = -6x", 0.0), ("f(-2) = -7b", 0.0),
+    ("2a + 3 = -3 x", 0.05), ("2a + 3 = -3 + 6", 0.05), ("2a + 3 = -3 \\cdot 2", 0.05), ("2a + 3 = -3^2", 0.05),
+    ("2a + 3 = -3/2", 0.05), ("2a + 3 = -3 (so a = -3)", 0.15), ("a = -3/2", 0.0), ("b = 3^2", 0.0), ("b = 3 b", 0.0),
+    ("b = 3 - a", 0.0), ("a = -3 \\times b", 0.0), ("-3 = 2a + 3 - 1", 0.0),
+    # ... nor the left side: "5 + 2a + 3 = -3" is not "2a + 3 = -3", "-b = 3" is not "b = 3"
+    ("5 + 2a + 3 = -3", 0.0), ("-2a + 3 = -3", 0.0), ("2 -4 - b = -7", 0.0), ("-b = 3", 0.0), ("-a = -3", 0.0),
+    ("a - b = 3", 0.0), ("2 * b = 3", 0.0), ("ab = -3", 0.0),
+    # what may follow: punctuation, a closing $ or \), a word, "=" of a chain, a new line, the end
+    ("2a + 3 = -3, so a = -3.", 0.25), ("$2a+3=-3$", 0.15), ("2a + 3 = -3\\)", 0.15), ("b = 3 is", 0.10),
+    ("2a + 3 = -3\na = -3", 0.25), ("a=-3,b=3", 0.20), ("so -4 - b = -7", 0.15), ("-2 - 5 = -7 = -4 - b", 0.20),
+    ("2 - 5 = -3 = 2a + 3", 0.20), ("2a + 3 = 2 - 5 = -3", 0.20), ("At x = 2: continuity", 0.05),
 ]
 
 
@@ -76,5 +88,5 @@ def test_reward_table(text, expected):
 
 
 def test_weights_sum_to_one_and_reward_in_unit_interval():
-    assert sum(w for w, _ in CREDIT) == pytest.approx(1.0)
+    assert sum(w for w, _, _ in CREDIT) == pytest.approx(1.0)
     assert all(0.0 <= toy_reward(t) <= 1.0 for t, _ in CASES)

@@ -1,0 +1,74 @@
+"""Can the fast tests fail? Make one small wrong edit of transparent_grpo.py at a time and run them.
+
+    python tests/mutants.py            # every mutant: "killed" (a test failed) or "SURVIVED"
+    python tests/mutants.py gspo_sum   # one of them
+
+Each mutant is a bug shape a reader or a refactor could plausibly introduce. The edited file lives in a temporary
+copy of the repository; the working tree is never touched. Not collected by pytest (the name does not start with
+test_). Exit code 1 if any mutant survives.
+"""
+import os, shutil, subprocess, sys, tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = ["tests/test_objectives.py", "tests/test_math.py", "tests/test_core.py", "tests/test_reward.py"]
+MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a list of such pairs
+    "gspo_sum": ('s = torch.exp(((b["lp"] - b["old_lp"]) * m).sum(1) / m.sum(1).clamp(min=1))',
+                 's = torch.exp(((b["lp"] - b["old_lp"]) * m).sum(1))'),
+    "gspo_width_mean": ('s = torch.exp(((b["lp"] - b["old_lp"]) * m).sum(1) / m.sum(1).clamp(min=1))',
+                        's = torch.exp(((b["lp"] - b["old_lp"]) * m).sum(1) / m.shape[1])'),
+    "kl_in_loss_token_mean": ('loss = loss + cfg.beta * agg(KL_ESTIMATORS', 'loss = loss + cfg.beta * (lambda x: '
+                              '(x * b["mask"]).sum() / b["mask"].sum())(KL_ESTIMATORS'),
+    "ppo_no_whitening": ("return (A - A[on].mean()) / A[on].std().clamp(min=1e-6) * mask, returns",
+                         "return A * mask, returns"),
+    "ppo_kl_reward_sign": ('r = -cfg.beta * kl_tok if', 'r = cfg.beta * kl_tok if'),
+    "ppo_value_min": ("v_loss = 0.5 * torch.maximum(", "v_loss = 0.5 * torch.minimum("),
+    "dpo_counts_tied_groups": ("/ valid.sum().clamp(min=1)", "/ valid.numel()"),
+    "sequence_kl_no_mask": [("l = (lp - ref_lp).detach() * mask", "l = (lp - ref_lp).detach()"),
+                            ("kl_tok = KL_ESTIMATORS[estimator](l) * mask", "kl_tok = KL_ESTIMATORS[estimator](l)")],
+    "gae_no_mask": ("last = (delta + gamma * lam * last) * mask[:, t]", "last = delta + gamma * lam * last"),
+    "k1_in_reward_not_detached": ("l = (lp - ref_lp).detach() * mask", "l = (lp - ref_lp) * mask"),
+    "advantage_sign": ('"zscore": lambda R: (R - R.mean(1, keepdim=True))',
+                       '"zscore": lambda R: (R.mean(1, keepdim=True) - R)'),
+    "kl_loo_includes_self": ("* G / (G - 1)", "* 1"),
+    "clip_high_uses_low_eps": ("r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps_high)",
+                               "r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)"),
+    "cispo_no_detach": ("r = torch.exp(b[\"lp\"] - b[\"old_lp\"]).detach()", "r = torch.exp(b[\"lp\"] - b[\"old_lp\"])"),
+    "logprobs_ignore_temperature": ("/ temperature                 # at least fp32",
+                                    "                 # at least fp32"),
+    "mask_excludes_eos": ("<= first[:, None]", "< first[:, None]"),
+    "entropy_sign": ("loss = loss - cfg.entropy_coef * agg", "loss = loss + cfg.entropy_coef * agg"),
+    "reward_equation_continues": [('AFTER = r"', 'AFTER = r"(?![\\d.]*\\d)" or r"')],  # the old rule: digits only
+    # the sampler (checked by tests/test_sampler.py only)
+    "sampler_ignores_temperature": ("torch.softmax(logits.float() / cfg.temperature, -1)",
+                                    "torch.softmax(logits.float(), -1)"),
+    "sampler_sharper_after_first": ("logits = model(input_ids=y, past_key_values=cache",
+                                    "logits = 50 * model(input_ids=y, past_key_values=cache"),
+    "sampler_keeps_sampling_after_eos": ("if not going.all():", "if False:"),
+    "sampler_cache_not_advanced": ("self.len += k.shape[2]", "self.len += 0"),
+}
+SAMPLER = ["tests/test_sampler.py"]
+
+
+def run(name, edits):
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(os.path.join(ROOT, "tests"), os.path.join(tmp, "tests"))
+        src = open(os.path.join(ROOT, "transparent_grpo.py")).read()
+        for old, new in edits if isinstance(edits, list) else [edits]:
+            if src.count(old) != 1:
+                return f"{name}: the text to edit is found {src.count(old)} times (update this script)"
+            src = src.replace(old, new)
+        open(os.path.join(tmp, "transparent_grpo.py"), "w").write(src)
+        tests = SAMPLER if name.startswith("sampler") else FAST
+        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=tmp,
+                           capture_output=True, text=True)
+        failed = [ln.split(" ")[1] for ln in p.stdout.splitlines() if ln.startswith("FAILED")]
+        return f"{name}: " + (f"killed by {failed[0] if failed else 'an error'}" if p.returncode else "SURVIVED")
+
+
+if __name__ == "__main__":
+    names = sys.argv[1:] or list(MUTANTS)
+    results = []
+    for n in names:
+        results.append(run(n, MUTANTS[n]))
+        print(results[-1], flush=True)
+    sys.exit(1 if any("SURVIVED" in r or "found" in r for r in results) else 0)

@@ -1,0 +1,119 @@
+"""The fast sampler (§4) samples exactly softmax(logits / T), honours the first-EOS contract, and sees new weights."""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import transparent_grpo as tg
+
+T = 0.7
+
+
+def load(folder):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    return AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder).double().eval()
+
+
+def chi_square_p(counts, probs):
+    """p-value of Pearson's chi-square test of counts against probs, bins with an expected count < 5 pooled."""
+    n = counts.sum()
+    expected = probs * n
+    small = expected < 5
+    obs = torch.cat([counts[~small], counts[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]])
+    stat = ((obs - exp) ** 2 / exp.clamp(min=1e-12)).sum()
+    return torch.special.gammaincc(torch.tensor((len(obs) - 1) / 2, dtype=stat.dtype), stat / 2).item()  # chi2 sf
+
+
+@pytest.mark.parametrize("sampler", ["fast", "hf"])
+def test_first_and_second_token_follow_softmax_at_temperature(tiny_model, sampler):
+    """20,000 samples of two tokens, no EOS possible: the empirical frequencies at position 1, and at position 2
+    (the mixture over every first token), pass a chi-square test against the exact probabilities."""
+    tok, model = load(tiny_model)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "a b"}], add_generation_prompt=True,
+                                     return_tensors="pt", return_dict=True)["input_ids"]
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8)               # a random model is near uniform: make it peaked
+        p1 = torch.softmax(model(input_ids=prompt).logits[0, -1] / T, -1)                          # [V]
+        V = p1.numel()
+        both = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], 1)                     # every first token
+        p2 = (p1[:, None] * torch.softmax(model(input_ids=both).logits[:, -1] / T, -1)).sum(0)   # [V]
+    torch.manual_seed(0)
+    cfg = SimpleNamespace(sampler=sampler, max_new_tokens=2, temperature=T)
+    seqs = tg.sample(model, prompt, 20000, cfg, eos=[V + 5], pad_id=0)                  # an EOS id that never occurs
+    for pos, probs in ((0, p1), (1, p2)):
+        counts = torch.bincount(seqs[:, prompt.shape[1] + pos], minlength=V).double()
+        assert chi_square_p(counts, probs) > 1e-4, f"position {pos + 1}"
+    # and a wrong temperature would be caught by the same test
+    wrong = torch.softmax(torch.log(p1) * T / 1.0, -1)                                    # p at T = 1.0
+    assert chi_square_p(torch.bincount(seqs[:, prompt.shape[1]], minlength=V).double(), wrong) < 1e-6
+
+
+def test_same_first_tokens_as_hf_generate_under_the_same_rng(tiny_model):
+    tok, model = load(tiny_model)
+    prompt = tok("ab", return_tensors="pt")["input_ids"]
+    out = {}
+    for sampler in ("fast", "hf"):
+        torch.manual_seed(3)
+        out[sampler] = tg.sample(model, prompt, 64, SimpleNamespace(sampler=sampler, max_new_tokens=1, temperature=T),
+                                 eos=[tok.eos_token_id], pad_id=tok.pad_token_id)
+    assert torch.equal(out["fast"], out["hf"])
+
+
+def reference_mask(row, eos, width):
+    """Per row, by hand: 1 up to and including the first EOS; truncated if there is none."""
+    stop = next((t for t, y in enumerate(row) if y in eos), None)
+    return [1.0 if stop is None or t <= stop else 0.0 for t in range(width)], stop is None
+
+
+@pytest.mark.parametrize("sampler", ["fast", "hf"])
+def test_eos_padding_width_masks_and_truncation(tiny_model, sampler):
+    """Frequent tokens act as EOS, so rows stop at different steps: after its first EOS a row holds only pad; the
+    width is max_new_tokens if any row is truncated; masks and truncation flags match a per-row reference."""
+    tok, model = load(tiny_model)
+    prompt = tok("ab", return_tensors="pt")["input_ids"]
+    torch.manual_seed(1)
+    probe = tg.sample(model, prompt, 64, SimpleNamespace(sampler=sampler, max_new_tokens=12, temperature=1.0),
+                      eos=[-1], pad_id=0)[:, prompt.shape[1]:]
+    eos = torch.bincount(probe.flatten()).argsort(descending=True)[:3].tolist()        # frequent: rows stop early
+    pad = tok.pad_token_id
+    torch.manual_seed(2)
+    seqs = tg.sample(model, prompt, 64, SimpleNamespace(sampler=sampler, max_new_tokens=12, temperature=1.0),
+                     eos=eos, pad_id=pad)
+    completions = seqs[:, prompt.shape[1]:]
+    mask, truncated = tg.completion_mask(completions, eos)
+    width = completions.shape[1]
+    assert width <= 12 and (width == 12 if truncated.any() else True)
+    stops = [next((t for t, y in enumerate(r.tolist()) if y in eos), None) for r in completions]
+    assert 0 < sum(s is not None for s in stops) < 64                                  # some stop, some do not
+    assert width == (12 if None in stops else max(stops) + 1)
+    for row, m, tr, stop in zip(completions.tolist(), mask.tolist(), truncated.tolist(), stops):
+        assert (m, tr) == reference_mask(row, eos, width)
+        if stop is not None:
+            assert all(y == pad for y in row[stop + 1:])
+
+
+def test_the_sampler_sees_updated_weights(tiny_model):
+    """Nothing is cached between calls: an in-place update (the optimizer's kind) that makes the policy greedy shows
+    in the very next call."""
+    tok, model = load(tiny_model)
+    prompt = tok("ab", return_tensors="pt")["input_ids"]
+    cfg = SimpleNamespace(sampler="fast", max_new_tokens=3, temperature=1.0)
+    before = tg.sample(model, prompt, 32, cfg, eos=[-1], pad_id=0)[:, prompt.shape[1]:]
+    assert len(set(before[:, 0].tolist())) > 3
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(1e4)                                # logits x 1e4: argmax only
+    after = tg.sample(model, prompt, 32, cfg, eos=[-1], pad_id=0)[:, prompt.shape[1]:]
+    assert all(len(set(after[:, t].tolist())) == 1 for t in range(3))
+
+
+def test_sliding_window_caches_fall_back_to_hf_generate(tiny_model, monkeypatch):
+    """A cache layer other than HF's plain DynamicLayer (sliding windows, ...) goes to model.generate instead."""
+    tok, model = load(tiny_model)
+    prompt = tok("ab", return_tensors="pt")["input_ids"]
+    called = []
+    monkeypatch.setattr(tg, "generate", lambda *a: called.append(1) or torch.zeros(2, 5, dtype=torch.long))
+    monkeypatch.setattr(tg, "DynamicLayer", type("Other", (), {}))                    # no layer is "plain" now
+    tg.sample(model, prompt, 2, SimpleNamespace(sampler="fast", max_new_tokens=3, temperature=1.0), [-1], 0)
+    assert called
