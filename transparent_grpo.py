@@ -197,7 +197,7 @@ def _works(fn):
         return False
 
 def _writable(folder):
-    probe = os.path.join(folder, ".write-test")
+    probe = os.path.join(folder, f".write-test-{os.getpid()}")  # one per process: all of them probe at once
     return _works(lambda: os.makedirs(folder, exist_ok=True) or open(probe, "w").close() or os.remove(probe))
 
 def _has_module(name):

