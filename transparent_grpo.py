@@ -23,9 +23,10 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
  8. Precision: one GPU keeps fp32 weights under bf16 autocast (an AdamW step of lr 2e-6 vanishes in a bf16 weight);
     DeepSpeed bf16 keeps bf16 weights and fp32 masters. The reference copies the policy's dtypes tensor by tensor,
     so the KL is exactly 0 before the first update.
- 9. On CPU the 135M model first sees one solved instance of the same problem family (other numbers), and a
-    completion cut at max_new_tokens loses --truncation_penalty from the reward it learns from: shaping, logged
-    apart. reward/mean is always the task reward alone (README: What to expect).
+ 9. On CPU the 135M model first sees one solved instance of the same problem family (other numbers); every other
+    step asks one half of the problem (one breakpoint, its own answer: a curriculum); and a completion cut at
+    max_new_tokens loses --truncation_penalty from the reward it learns from: shaping, logged apart. reward/mean is
+    always the task reward of the problem itself (README: What to expect).
 """
 import functools, json, math, os, re, resource, shutil, sys, time
 from dataclasses import asdict, dataclass, field
@@ -39,11 +40,11 @@ from transformers.cache_utils import DynamicLayer
 # ============================================================================ 1. Config
 PRESETS = {  # the defaults that depend on the machine; any flag you pass wins over them (README: What to expect)
     "gpu": dict(model="Qwen/Qwen2.5-3B-Instruct", group_size=4, prompts_per_step=1, max_new_tokens=512, temperature=1.0,
-                learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3, worked_example=False,
+                learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3, worked_example=False, curriculum=False,
                 truncation_penalty=0.0, entropy_coef=0.0),
     "cpu": dict(model="bundled:SmolLM2-135M-Instruct", group_size=8, prompts_per_step=1, max_new_tokens=192,
-                temperature=0.8, learning_rate=2e-5, num_steps=70, beta=0.02, inner_epochs=1, worked_example=True,
-                truncation_penalty=0.1, entropy_coef=0.0),
+                temperature=0.8, learning_rate=2e-5, num_steps=90, beta=0.02, inner_epochs=1, worked_example=True,
+                curriculum=True, truncation_penalty=0.1, entropy_coef=0.0),
 }
 OBJECTIVE_DEFAULTS = {  # objective-specific defaults, applied before the presets (flags still win)
     "dapo": dict(clip_eps_high=0.28), "gspo": dict(clip_eps=3e-4, clip_eps_high=4e-4),
@@ -73,6 +74,7 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     inner_epochs: Optional[int] = flag(None, "mu, passes over each rollout")
     minibatch_size: Optional[int] = flag(None, "sequences per optimizer step; divides the batch (default: all)")
     worked_example: Optional[bool] = flag(None, "show a solved instance of another problem before the task")
+    curriculum: Optional[bool] = flag(None, "every other step asks one half of the problem (§2 CURRICULUM)")
     truncation_penalty: Optional[float] = flag(None, "shaping taken from the learning reward of a truncated completion")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
     entropy_coef: Optional[float] = flag(None, "entropy bonus coefficient")
@@ -214,7 +216,8 @@ def parse_config(argv=None, cuda=None) -> Config:
     if cfg.plot:
         try:
             rows = [json.loads(ln) for ln in open(cfg.plot) if ln.strip()]
-            assert rows and all("step" in r and "reward/mean" in r for r in rows)
+            assert rows and all("step" in r and "time/step" in r for r in rows)
+            assert any("reward/mean" in r for r in rows)
         except (OSError, ValueError, AssertionError):
             raise ConfigError(f"--plot={cfg.plot!r} is invalid: not a JSONL log of this script") from None
         return cfg
@@ -224,16 +227,21 @@ def parse_config(argv=None, cuda=None) -> Config:
 # ============================================================================ 2. Toy environment and reward
 SYSTEM_PROMPT = ("You are a helpful assistant. Solve the math problem step by step, "
                  "then give the final answer as \\boxed{answer}.")
-PROBLEM = ("Let \\[f(x) = \\left\\{\\begin{array}{cl} ax+3, &\\text{ if }x>2, \\\\ x-5 &\\text{ if } -2 \\le x \\le 2, "
-           "\\\\ 2x-b &\\text{ if } x <-2. \\end{array}\\right.\\]Find $a+b$ if the piecewise function is continuous "
-           "(which means that its graph can be drawn without lifting your pencil from the paper).")
-EXAMPLE = ("Let \\[f(x) = \\left\\{\\begin{array}{cl} cx+5, &\\text{ if }x>3, \\\\ x-4 &\\text{ if } -3 \\le x \\le 3, "
-           "\\\\ 3x-d &\\text{ if } x <-3. \\end{array}\\right.\\]Find $c+d$ if the piecewise function is continuous "
-           "(which means that its graph can be drawn without lifting your pencil from the paper).")
-EXAMPLE_SOLUTION = ("The function must be continuous at x = 3 and x = -3.\n"
-                    "At x = 3: the right piece is 3c + 5 and the middle piece is 3 - 4 = -1. So 3c + 5 = -1, 3c = -6, "
-                    "c = -2.\nAt x = -3: the left piece is 3(-3) - d = -9 - d and the middle piece is -3 - 4 = -7. "
-                    "So -9 - d = -7, -d = 2, d = -2.\nSo c + d = -2 + (-2) = -4, and the answer is \\boxed{-4}.")
+def piecewise(rows, ask):  # the statement of one instance of the family
+    return ("Let \\[f(x) = \\left\\{\\begin{array}{cl} " + " \\\\ ".join(rows) + " \\end{array}\\right.\\]Find $" + ask
+            + "$ if the piecewise function is continuous (which means that its graph can be drawn without lifting your "
+            "pencil from the paper).")
+
+PROBLEM = piecewise(["ax+3, &\\text{ if }x>2,", "x-5 &\\text{ if } -2 \\le x \\le 2,",
+                     "2x-b &\\text{ if } x <-2."], "a+b")
+EXAMPLE = piecewise(["cx+5, &\\text{ if }x>3,", "x-4 &\\text{ if } -3 \\le x \\le 3,",
+                     "3x-d &\\text{ if } x <-3."], "c+d")
+EXAMPLE_STEPS = ["At x = 3: the right piece is 3c + 5 and the middle piece is 3 - 4 = -1. "
+                 "So 3c + 5 = -1, 3c = -6, c = -2.",
+                 "At x = -3: the left piece is 3(-3) - d = -9 - d and the middle piece is -3 - 4 = -7. "
+                 "So -9 - d = -7, -d = 2, d = -2."]
+EXAMPLE_SOLUTION = ("The function must be continuous at x = 3 and x = -3.\n" + "\n".join(EXAMPLE_STEPS) +
+                    "\nSo c + d = -2 + (-2) = -4, and the answer is \\boxed{-4}.")
 ANSWER = {"a": -3.0, "b": 3.0, "a+b": 0.0}  # continuity at x=2: 2a+3 = -3; at x=-2: -4-b = -7
 
 # A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a") or on the right
@@ -278,19 +286,38 @@ def final_boxed(text):
     m = re.fullmatch(r"\s*\$?\s*(?:a\s*\+\s*b\s*=\s*)?(-?\d+(?:\.\d+)?)\s*\$?\s*", boxed[-1]) if boxed else None
     return float(m.group(1)) if m else None
 
-def credits(text: str) -> dict:
-    """{name: earned?} for each step of CREDIT."""
+# --curriculum (on in the CPU preset): the halves of PROBLEM, one breakpoint each, on their own steps (see train()).
+HALVES = {  # name: (statement, worked example, its solution, the CREDIT steps that count, the answer in the box)
+    "right": (piecewise(["ax+3, &\\text{ if }x>2,", "x-5 &\\text{ if } x \\le 2."], "a"),
+              piecewise(["cx+5, &\\text{ if }x>3,", "x-4 &\\text{ if } x \\le 3."], "c"),
+              "The function must be continuous at x = 3.\n" + EXAMPLE_STEPS[0] + "\nSo the answer is \\boxed{-2}.",
+              ("x=2", "f(2)", "right(2)", "eq(2)", "a"), ANSWER["a"]),
+    "left": (piecewise(["x-5 &\\text{ if } x \\ge -2,", "2x-b &\\text{ if } x <-2."], "b"),
+             piecewise(["x-4 &\\text{ if } x \\ge -3,", "3x-d &\\text{ if } x <-3."], "d"),
+             "The function must be continuous at x = -3.\n" + EXAMPLE_STEPS[1] + "\nSo the answer is \\boxed{-2}.",
+             ("x=-2", "f(-2)", "left(-2)", "eq(-2)", "b"), ANSWER["b"]),
+}
+CURRICULUM = ["main", "left", "main", "right"]  # half of the steps train on PROBLEM itself
+
+def credits(text: str, task="main") -> dict:
+    """{name: earned?} for each step of CREDIT (a half of the problem: its own steps, and its own answer boxed)."""
     text = re.sub(r"[ \t]+", " ", text.replace("\u2212", "-"))                      # one space, one kind of minus
-    return {name: bool(test(text) if callable(test) else re.search(test, text)) for _, name, test in CREDIT}
+    got = {name: bool(test(text) if callable(test) else re.search(test, text)) for _, name, test in CREDIT}
+    if task != "main":
+        steps, answer = HALVES[task][3:]
+        got = {k: v for k, v in got.items() if k in steps} | {"boxed": final_boxed(text) == answer}
+    return got
 
-def toy_reward(text: str) -> float:
-    """Partial credit in [0, 1] for a completion of PROBLEM: the weights of the CREDIT steps it states correctly."""
-    return sum(w for (w, _, _), earned in zip(CREDIT, credits(text).values()) if earned)
+def toy_reward(text: str, task="main") -> float:
+    """Partial credit in [0, 1]: the weights of the CREDIT steps stated correctly, over the weights that count."""
+    got, weight = credits(text, task), {name: w for w, name, _ in CREDIT}
+    return sum(weight[k] for k, earned in got.items() if earned) / round(sum(weight[k] for k in got), 9)
 
-def toy_messages(worked_example):
-    shot = [{"role": "user", "content": EXAMPLE}, {"role": "assistant", "content": EXAMPLE_SOLUTION}]
+def toy_messages(worked_example, task="main"):
+    problem, example, solution = (PROBLEM, EXAMPLE, EXAMPLE_SOLUTION) if task == "main" else HALVES[task][:3]
+    shot = [{"role": "user", "content": example}, {"role": "assistant", "content": solution}]
     return [{"role": "system", "content": SYSTEM_PROMPT}, *(shot if worked_example else []),
-            {"role": "user", "content": PROBLEM}]
+            {"role": "user", "content": problem}]
 
 # ============================================================================ 3. Models
 def bundled_gguf():
@@ -618,15 +645,16 @@ def plot(jsonl_path, out_dir="img"):
     import matplotlib.pyplot as plt
     rows = [json.loads(ln) for ln in open(jsonl_path) if ln.strip()]
     x, minutes = [r["step"] for r in rows], [sum(r["time/step"] for r in rows[:i + 1]) / 60 for i in range(len(rows))]
-    panels = {"task reward": ["reward/mean", "reward/max"], "KL per token": ["kl/k1", "kl/k3"],
+    panels = {"task reward": ["reward/mean", "reward/max", *(f"{t}/reward/mean" for t in HALVES)],
+              "KL per token": ["kl/k1", "kl/k3"],
               "share of completions earning each credit": [f"credit/{name}" for _, name, _ in CREDIT],
               "completion length (dotted: truncated share, right axis)": ["completion/len_mean"],
               "": ["completion/truncated_frac"]}
     fig, axes = plt.subplots(1, 4, figsize=(22, 4.5))
     for ax, (title, keys) in zip([*axes, axes[3].twinx()], panels.items()):
-        for i, k in enumerate(keys):
-            ax.plot(x, [r.get(k, math.nan) for r in rows], label=k, ls=":" if not title else "-",
-                    color=plt.cm.tab20(i / 11) if len(keys) > 2 else None)
+        for i, k in enumerate(k for k in keys if any(k in r for r in rows)):  # a curriculum step logs its own keys
+            ax.plot(*zip(*[(r["step"], r[k]) for r in rows if k in r]), label=k, ls=":" if not title else "-",
+                    marker=".", ms=3, color=plt.cm.tab20(i / 11) if len(keys) > 2 else None)
         ax.set_title(title), ax.set_xlabel("step"), ax.grid(alpha=0.3), title and ax.legend(fontsize=7, ncol=2)
     if minutes[-1] > 30:  # where 30 minutes of summed step time run out
         axes[0].axvline(x[next(i for i, m in enumerate(minutes) if m > 30)], color="red", ls=":", label="30 min")
@@ -770,16 +798,21 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
     from tqdm.auto import tqdm
     acc, tok, model, ref, opt, start, log = setup(cfg)
     eos, pad_id, context = eos_ids(tok, unwrap(model)), tok.pad_token_id, unwrap(model).config.max_position_embeddings
-    prompt = tok.apply_chat_template(messages or toy_messages(cfg.worked_example), add_generation_prompt=True,
-                                     return_tensors="pt", return_dict=True)["input_ids"].to(acc.device)  # [1, P]
-    P, G, N = prompt.shape[1], cfg.group_size, cfg.prompts_per_step * cfg.group_size  # a group never spans processes
+    toy = reward_fn is toy_reward and messages is None                      # your own task has no halves
+    tasks = CURRICULUM if cfg.curriculum and toy else ["main"]               # the task of step s: tasks[s % len]
+    prompts = {t: tok.apply_chat_template(messages or toy_messages(cfg.worked_example, t), add_generation_prompt=True,
+                                          return_tensors="pt", return_dict=True)["input_ids"].to(acc.device)
+               for t in tasks}                                                             # {task: [1, P]}
+    P, G, N = max(p.shape[1] for p in prompts.values()), cfg.group_size, cfg.prompts_per_step * cfg.group_size
     if P + cfg.max_new_tokens > context:  # validate() could only check max_new_tokens < context before the tokenizer
         raise ConfigError(f"--max_new_tokens={cfg.max_new_tokens} is invalid: with the {P}-token prompt it exceeds the "
                           f"context window of {context} tokens")
     single_update, bad_in_a_row = cfg.inner_epochs == 1 and cfg.minibatch_size == N, 0  # pi_old = pi_theta (dep. 6)
     for step in tqdm(range(start, cfg.num_steps), initial=start, total=cfg.num_steps, desc="GRPO",
                      disable=not (acc.is_main_process and sys.stderr.isatty())):
-        t0 = time.time()
+        t0, task = time.time(), tasks[step % len(tasks)]              # a step asks one prompt (the problem or a half)
+        prompt, P, named = prompts[task], prompts[task].shape[1], "" if task == "main" else f"{task}/"   # [1, P]
+        score = reward_fn if task == "main" else functools.partial(toy_reward, task=task)
         # ---- 1. Generate: N completions of the prompt, sampled at temperature T
         model.eval()
         with acc.autocast():
@@ -789,8 +822,8 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
 
         # ---- 2. Reward: the task reward of each completion, cut at its first EOS
         texts = tok.batch_decode([c[:int(n)] for c, n in zip(seqs[:, P:], mask.sum(1))], skip_special_tokens=True)
-        R = torch.tensor([reward_fn(t) for t in texts], dtype=torch.float32, device=seqs.device)  # [N]
-        parts = [credits(t) for t in texts] if reward_fn is toy_reward else []         # which steps each one got
+        R = torch.tensor([score(t) for t in texts], dtype=torch.float32, device=seqs.device)      # [N]
+        parts = [credits(t, task) for t in texts] if reward_fn is toy_reward else []   # which steps each one got
         t2 = time.time()
 
         # ---- 3. KL: log-probs of the sampled tokens under pi_old and pi_ref, at temperature T
@@ -827,13 +860,16 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         stats.update({"time/generate": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2,
                       "time/update": time.time() - t3, "time/step": time.time() - t0})
         m = {"step": step, **step_metrics(acc, {**batch, "R": R}, kl_seq, ent, truncated, stats, cfg)}
+        m = {(named + k if k.startswith(("reward/", "credit/")) else k): v for k, v in m.items()}  # main: reward/...
         log.write(log.jsonl, json.dumps(m))
-        log.say(f"step {step:>4}/{cfg.num_steps} | reward {m['reward/mean']:.3f} (max {m['reward/max']:.2f}) | kl "
+        log.say(f"step {step:>4}/{cfg.num_steps} | {named}reward {m[named + 'reward/mean']:.3f} "
+                f"(max {m[named + 'reward/max']:.2f}) | kl "
                 f"{m.get('kl/k1', 0):.4f} | len {m['completion/len_mean']:.0f} | clip {m.get('clip/frac', 0):.3f} | "
                 f"gnorm {m['optim/grad_norm']:.2f} | {m['time/step']:.1f}s")
         cfg.report_to != "none" and acc.log(m, step=step)
         if step % 5 == 0 or step == cfg.num_steps - 1:
-            log.write(log.text, f"best sample of step {step} (reward {R.max().item():.2f}): {texts[int(R.argmax())]!r}")
+            log.write(log.text, f"best sample of step {step} ({named}reward {R.max().item():.2f}): "
+                                f"{texts[int(R.argmax())]!r}")
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.num_steps:
             save_checkpoint(acc, cfg, step + 1)
 

@@ -35,7 +35,7 @@ def check_run(tmp_path, p, rows, required=REQUIRED):
     assert [r["step"] for r in rows] == [0, 1]
     assert rows[0]["kl/k1"] == 0.0  # the reference computes exactly what the policy computes before any update
     for r in rows:
-        missing = [k for k in required if k not in r]
+        missing = [k for k in required if k not in r and not any(f"{t}/{k}" in r for t in tg.HALVES)]  # curriculum
         assert not missing, missing
         assert all(math.isfinite(v) for v in r.values()), r
     assert "step    1/2" in p.stdout and "model:" in p.stdout and "processes: 1" in p.stdout
@@ -174,3 +174,23 @@ def test_a_sign_error_does_not_learn(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setitem(tg.ADVANTAGES, "zscore", lambda R: -zscore(R))
     rewards = learn(tiny_model, tmp_path)
     assert sum(rewards[-5:]) / 5 < 0.2, rewards
+
+
+def test_curriculum_asks_each_half_on_its_own_steps(tiny_model, tmp_path, monkeypatch):
+    """--curriculum: steps 0, 2 ask PROBLEM, step 1 the left half, step 3 the right half, one prompt per step;
+    reward/mean comes from PROBLEM's steps only, the halves log under their own names, and the plot draws both."""
+    asked, sample = [], tg.sample
+    monkeypatch.setattr(tg, "sample", lambda model, prompt, *a: asked.append(prompt) or sample(model, prompt, *a))
+    cfg = tg.resolve(tg.Config(model=tiny_model, group_size=4, max_new_tokens=8, num_steps=4, curriculum=True,
+                               output_dir=str(tmp_path), log_dir=str(tmp_path), run_name="c"), cuda=False)
+    tg.validate(cfg)
+    tg.train(cfg)
+    tok = tg.load_model(tiny_model, torch.float32)[0]
+    texts = [tok.decode(p[0]) for p in asked]
+    assert [t.count("find $a+b$") for t in texts] == [1, 0, 1, 0]                       # the char tokenizer lowercases
+    assert "find $b$" in texts[1] and "x \\ge -2" in texts[1] and "find $a$" in texts[3] and "x \\le 2." in texts[3]
+    rows = [json.loads(ln) for ln in open(tmp_path / "c.jsonl")]
+    assert ["reward/mean" in r for r in rows] == [True, False, True, False]
+    assert "left/reward/mean" in rows[1] and "right/reward/mean" in rows[3] and "left/credit/b" in rows[1]
+    assert "credit/boxed" in rows[0] and not any(k.startswith("credit/") for k in rows[1])
+    assert os.path.exists(tg.plot(str(tmp_path / "c.jsonl"), out_dir=str(tmp_path)))
