@@ -311,7 +311,7 @@ def credits(text: str, task="main") -> dict:
 def toy_reward(text: str, task="main") -> float:
     """Partial credit in [0, 1]: the weights of the CREDIT steps stated correctly, over the weights that count."""
     got, weight = credits(text, task), {name: w for w, name, _ in CREDIT}
-    return sum(weight[k] for k, earned in got.items() if earned) / round(sum(weight[k] for k in got), 9)
+    return sum(weight[k] for k, earned in got.items() if earned) / round(sum(weight[k] for k in got), 9)  # 1 or .65
 
 def toy_messages(worked_example, task="main"):
     problem, example, solution = (PROBLEM, EXAMPLE, EXAMPLE_SOLUTION) if task == "main" else HALVES[task][:3]
@@ -860,7 +860,7 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         stats.update({"time/generate": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2,
                       "time/update": time.time() - t3, "time/step": time.time() - t0})
         m = {"step": step, **step_metrics(acc, {**batch, "R": R}, kl_seq, ent, truncated, stats, cfg)}
-        m = {(named + k if k.startswith(("reward/", "credit/")) else k): v for k, v in m.items()}  # main: reward/...
+        m = {(named + k if k.startswith(("reward/", "credit/")) else k): v for k, v in m.items()}  # left/reward/...
         log.write(log.jsonl, json.dumps(m))
         log.say(f"step {step:>4}/{cfg.num_steps} | {named}reward {m[named + 'reward/mean']:.3f} "
                 f"(max {m[named + 'reward/max']:.2f}) | kl "
