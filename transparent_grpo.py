@@ -24,9 +24,9 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
     DeepSpeed bf16 keeps bf16 weights and fp32 masters. The reference copies the policy's dtypes tensor by tensor,
     so the KL is exactly 0 before the first update.
  9. On CPU the 135M model first sees one solved instance of the same problem family (other numbers); every other
-    step asks one half of the problem (one breakpoint, its own answer: a curriculum); and a completion cut at
-    max_new_tokens loses --truncation_penalty from the reward it learns from: shaping, logged apart. reward/mean is
-    always the task reward of the problem itself (README: What to expect).
+    step asks one half of the problem (one breakpoint, the other coefficient given, a+b boxed: a curriculum); and a
+    completion cut at max_new_tokens loses --truncation_penalty from the reward it learns from: shaping, logged apart.
+    reward/mean is always the task reward of the problem itself (README: What to expect).
 """
 import functools, json, math, os, re, resource, shutil, sys, time
 from dataclasses import asdict, dataclass, field
@@ -227,10 +227,10 @@ def parse_config(argv=None, cuda=None) -> Config:
 # ============================================================================ 2. Toy environment and reward
 SYSTEM_PROMPT = ("You are a helpful assistant. Solve the math problem step by step, "
                  "then give the final answer as \\boxed{answer}.")
-def piecewise(rows, ask):  # the statement of one instance of the family
-    return ("Let \\[f(x) = \\left\\{\\begin{array}{cl} " + " \\\\ ".join(rows) + " \\end{array}\\right.\\]Find $" + ask
-            + "$ if the piecewise function is continuous (which means that its graph can be drawn without lifting your "
-            "pencil from the paper).")
+def piecewise(rows, ask, given=""):  # the statement of one instance of the family
+    return ("Let \\[f(x) = \\left\\{\\begin{array}{cl} " + " \\\\ ".join(rows) + " \\end{array}\\right.\\]" + given
+            + "Find $" + ask + "$ if the piecewise function is continuous (which means that its graph can be drawn "
+            "without lifting your pencil from the paper).")
 
 PROBLEM = piecewise(["ax+3, &\\text{ if }x>2,", "x-5 &\\text{ if } -2 \\le x \\le 2,",
                      "2x-b &\\text{ if } x <-2."], "a+b")
@@ -240,8 +240,8 @@ EXAMPLE_STEPS = ["At x = 3: the right piece is 3c + 5 and the middle piece is 3 
                  "So 3c + 5 = -1, 3c = -6, c = -2.",
                  "At x = -3: the left piece is 3(-3) - d = -9 - d and the middle piece is -3 - 4 = -7. "
                  "So -9 - d = -7, -d = 2, d = -2."]
-EXAMPLE_SOLUTION = ("The function must be continuous at x = 3 and x = -3.\n" + "\n".join(EXAMPLE_STEPS) +
-                    "\nSo c + d = -2 + (-2) = -4, and the answer is \\boxed{-4}.")
+EXAMPLE_SUM = "So c + d = -2 + (-2) = -4, and the answer is \\boxed{-4}."
+EXAMPLE_SOLUTION = "\n".join(["The function must be continuous at x = 3 and x = -3.", *EXAMPLE_STEPS, EXAMPLE_SUM])
 ANSWER = {"a": -3.0, "b": 3.0, "a+b": 0.0}  # continuity at x=2: 2a+3 = -3; at x=-2: -4-b = -7
 
 # A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a") or on the right
@@ -287,25 +287,24 @@ def final_boxed(text):
     return float(m.group(1)) if m else None
 
 # --curriculum (on in the CPU preset): the halves of PROBLEM, one breakpoint each, on their own steps (see train()).
-HALVES = {  # name: (statement, worked example, its solution, the CREDIT steps that count, the answer in the box)
-    "right": (piecewise(["ax+3, &\\text{ if }x>2,", "x-5 &\\text{ if } x \\le 2."], "a"),
-              piecewise(["cx+5, &\\text{ if }x>3,", "x-4 &\\text{ if } x \\le 3."], "c"),
-              "The function must be continuous at x = 3.\n" + EXAMPLE_STEPS[0] + "\nSo the answer is \\boxed{-2}.",
-              ("x=2", "f(2)", "right(2)", "eq(2)", "a"), ANSWER["a"]),
-    "left": (piecewise(["x-5 &\\text{ if } x \\ge -2,", "2x-b &\\text{ if } x <-2."], "b"),
-             piecewise(["x-4 &\\text{ if } x \\ge -3,", "3x-d &\\text{ if } x <-3."], "d"),
-             "The function must be continuous at x = -3.\n" + EXAMPLE_STEPS[1] + "\nSo the answer is \\boxed{-2}.",
-             ("x=-2", "f(-2)", "left(-2)", "eq(-2)", "b"), ANSWER["b"]),
+HALVES = {  # name: (statement, worked example, its solution, the CREDIT steps that count); the box is a+b again
+    "right": (piecewise(["ax+3, &\\text{ if }x>2,", "x-5 &\\text{ if } x \\le 2."], "a+b", "Let $b = 3$. "),
+              piecewise(["cx+5, &\\text{ if }x>3,", "x-4 &\\text{ if } x \\le 3."], "c+d", "Let $d = -2$. "),
+              "The function must be continuous at x = 3.\n" + EXAMPLE_STEPS[0] + "\n" + EXAMPLE_SUM,
+              ("x=2", "f(2)", "right(2)", "eq(2)", "a")),
+    "left": (piecewise(["x-5 &\\text{ if } x \\ge -2,", "2x-b &\\text{ if } x <-2."], "a+b", "Let $a = -3$. "),
+             piecewise(["x-4 &\\text{ if } x \\ge -3,", "3x-d &\\text{ if } x <-3."], "c+d", "Let $c = -2$. "),
+             "The function must be continuous at x = -3.\n" + EXAMPLE_STEPS[1] + "\n" + EXAMPLE_SUM,
+             ("x=-2", "f(-2)", "left(-2)", "eq(-2)", "b")),
 }
 CURRICULUM = ["main", "left", "main", "right"]  # half of the steps train on PROBLEM itself
 
 def credits(text: str, task="main") -> dict:
-    """{name: earned?} for each step of CREDIT (a half of the problem: its own steps, and its own answer boxed)."""
+    """{name: earned?} for each step of CREDIT (a half of the problem: its own steps, and the boxed a+b)."""
     text = re.sub(r"[ \t]+", " ", text.replace("\u2212", "-"))                      # one space, one kind of minus
     got = {name: bool(test(text) if callable(test) else re.search(test, text)) for _, name, test in CREDIT}
     if task != "main":
-        steps, answer = HALVES[task][3:]
-        got = {k: v for k, v in got.items() if k in steps} | {"boxed": final_boxed(text) == answer}
+        got = {k: v for k, v in got.items() if k in HALVES[task][3] + ("boxed",)}
     return got
 
 def toy_reward(text: str, task="main") -> float:
@@ -811,7 +810,7 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
     for step in tqdm(range(start, cfg.num_steps), initial=start, total=cfg.num_steps, desc="GRPO",
                      disable=not (acc.is_main_process and sys.stderr.isatty())):
         t0, task = time.time(), tasks[step % len(tasks)]              # a step asks one prompt (the problem or a half)
-        prompt, P, named = prompts[task], prompts[task].shape[1], "" if task == "main" else f"{task}/"   # [1, P]
+        prompt, P = prompts[task], prompts[task].shape[1]                                  # [1, P]
         score = reward_fn if task == "main" else functools.partial(toy_reward, task=task)
         # ---- 1. Generate: N completions of the prompt, sampled at temperature T
         model.eval()
@@ -859,21 +858,26 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         stats.update({f"credit/{k}": sum(p[k] for p in parts) / N for k in (parts[0] if parts else {})})
         stats.update({"time/generate": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2,
                       "time/update": time.time() - t3, "time/step": time.time() - t0})
-        m = {"step": step, **step_metrics(acc, {**batch, "R": R}, kl_seq, ent, truncated, stats, cfg)}
-        m = {(named + k if k.startswith(("reward/", "credit/")) else k): v for k, v in m.items()}  # left/reward/...
-        log.write(log.jsonl, json.dumps(m))
-        log.say(f"step {step:>4}/{cfg.num_steps} | {named}reward {m[named + 'reward/mean']:.3f} "
-                f"(max {m[named + 'reward/max']:.2f}) | kl "
-                f"{m.get('kl/k1', 0):.4f} | len {m['completion/len_mean']:.0f} | clip {m.get('clip/frac', 0):.3f} | "
-                f"gnorm {m['optim/grad_norm']:.2f} | {m['time/step']:.1f}s")
-        cfg.report_to != "none" and acc.log(m, step=step)
-        if step % 5 == 0 or step == cfg.num_steps - 1:
-            log.write(log.text, f"best sample of step {step} ({named}reward {R.max().item():.2f}): "
-                                f"{texts[int(R.argmax())]!r}")
+        log_step(acc, log, cfg, step, task, step_metrics(acc, {**batch, "R": R}, kl_seq, ent, truncated, stats, cfg),
+                 texts[int(R.argmax())], R.max().item())
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.num_steps:
             save_checkpoint(acc, cfg, step + 1)
+    return save_final(acc, cfg, model, tok, log)
 
-    # ---- the final policy and tokenizer, loadable with AutoModelForCausalLM.from_pretrained
+def log_step(acc, log, cfg, step, task, metrics, best_text, best_reward):
+    """One JSON row per step (a half's reward/ and credit/ keys under its name: left/reward/mean), one readable line."""
+    named = "" if task == "main" else f"{task}/"
+    m = {"step": step, **{(named + k if k.startswith(("reward/", "credit/")) else k): v for k, v in metrics.items()}}
+    log.write(log.jsonl, json.dumps(m))
+    log.say(f"step {step:>4}/{cfg.num_steps} | {named}reward {m[named + 'reward/mean']:.3f} (max "
+            f"{m[named + 'reward/max']:.2f}) | kl {m.get('kl/k1', 0):.4f} | len {m['completion/len_mean']:.0f} | "
+            f"clip {m.get('clip/frac', 0):.3f} | gnorm {m['optim/grad_norm']:.2f} | {m['time/step']:.1f}s")
+    cfg.report_to != "none" and acc.log(m, step=step)
+    if step % 5 == 0 or step == cfg.num_steps - 1:
+        log.write(log.text, f"best sample of step {step} ({named}reward {best_reward:.2f}): {best_text!r}")
+
+def save_final(acc, cfg, model, tok, log):
+    """The final policy and tokenizer, loadable with AutoModelForCausalLM.from_pretrained."""
     state, final = acc.get_state_dict(model), os.path.join(cfg.output_dir, cfg.run_name, "final")  # (a collective)
 
     def write(tmp):
