@@ -24,9 +24,9 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
     DeepSpeed bf16 keeps bf16 weights and fp32 masters. The reference copies the policy's dtypes tensor by tensor,
     so the KL is exactly 0 before the first update.
  9. On CPU the 135M model first sees one solved instance of the same problem family (other numbers); every other
-    step asks one half of the problem (one breakpoint, the other coefficient given, a+b boxed: a curriculum); and a
-    completion cut at max_new_tokens loses --truncation_penalty from the reward it learns from: shaping, logged apart.
-    reward/mean is always the task reward of the problem itself (README: What to expect).
+    step asks one half of the problem (one breakpoint, its own answer: a curriculum); and a completion cut at
+    max_new_tokens loses --truncation_penalty from the reward it learns from: shaping, logged apart. reward/mean is
+    always the task reward of the problem itself (README: What to expect).
 """
 import functools, json, math, os, re, resource, shutil, sys, time
 from dataclasses import asdict, dataclass, field
@@ -227,10 +227,10 @@ def parse_config(argv=None, cuda=None) -> Config:
 # ============================================================================ 2. Toy environment and reward
 SYSTEM_PROMPT = ("You are a helpful assistant. Solve the math problem step by step, "
                  "then give the final answer as \\boxed{answer}.")
-def piecewise(rows, ask, given=""):  # the statement of one instance of the family
-    return ("Let \\[f(x) = \\left\\{\\begin{array}{cl} " + " \\\\ ".join(rows) + " \\end{array}\\right.\\]" + given
-            + "Find $" + ask + "$ if the piecewise function is continuous (which means that its graph can be drawn "
-            "without lifting your pencil from the paper).")
+def piecewise(rows, ask):  # the statement of one instance of the family
+    return ("Let \\[f(x) = \\left\\{\\begin{array}{cl} " + " \\\\ ".join(rows) + " \\end{array}\\right.\\]Find $" + ask
+            + "$ if the piecewise function is continuous (which means that its graph can be drawn without lifting your "
+            "pencil from the paper).")
 
 PROBLEM = piecewise(["ax+3, &\\text{ if }x>2,", "x-5 &\\text{ if } -2 \\le x \\le 2,",
                      "2x-b &\\text{ if } x <-2."], "a+b")
@@ -240,8 +240,8 @@ EXAMPLE_STEPS = ["At x = 3: the right piece is 3c + 5 and the middle piece is 3 
                  "So 3c + 5 = -1, 3c = -6, c = -2.",
                  "At x = -3: the left piece is 3(-3) - d = -9 - d and the middle piece is -3 - 4 = -7. "
                  "So -9 - d = -7, -d = 2, d = -2."]
-EXAMPLE_SUM = "So c + d = -2 + (-2) = -4, and the answer is \\boxed{-4}."
-EXAMPLE_SOLUTION = "\n".join(["The function must be continuous at x = 3 and x = -3.", *EXAMPLE_STEPS, EXAMPLE_SUM])
+EXAMPLE_SOLUTION = ("The function must be continuous at x = 3 and x = -3.\n" + "\n".join(EXAMPLE_STEPS) +
+                    "\nSo c + d = -2 + (-2) = -4, and the answer is \\boxed{-4}.")
 ANSWER = {"a": -3.0, "b": 3.0, "a+b": 0.0}  # continuity at x=2: 2a+3 = -3; at x=-2: -4-b = -7
 
 # A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a") or on the right
@@ -269,42 +269,46 @@ CREDIT = [  # (weight, name, the step of the solution that earns it: a pattern t
     (0.05, "right(2)", term(RIGHT)),                                # the right piece at x = 2
     (0.05, "left(-2)", term(LEFT)),                                 # the left piece at x = -2
     (0.10, "eq(2)", eq(RIGHT, "-3 | 2 - 5") + "|" + eq("2a", "-6")),   # right = middle at x = 2
-    (0.10, "a", lambda t: last_value("a", t) == ANSWER["a"]),
+    (0.10, "a", lambda t: stated_value("a", t) == ANSWER["a"]),
     (0.10, "eq(-2)", eq(LEFT, "-7 | -2 - 5") + "|" + eq("-b", "-3")),  # left = middle at x = -2
-    (0.10, "b", lambda t: last_value("b", t) == ANSWER["b"]),
+    (0.10, "b", lambda t: stated_value("b", t) == ANSWER["b"]),
     (0.30, "boxed", lambda t: final_boxed(t) == ANSWER["a+b"]),
 ]
 
-def last_value(var, text):
-    """The number in the LAST statement `var = ...` (not `2a = `, `a + b = `, `-b = `), or None if that is no number."""
+def stated_value(var, text):
+    """The number that every statement `var = ...` gives (not `2a = `, `a + b = `, `-b = `); None if there is none, if
+    one is no number, or if two disagree: a hedge such as `b = 0, b = 3` states no value."""
     starts = [m.end() for m in re.finditer(BEFORE + var + r"\s*=", text)]
-    value = re.match(r"\s*(-?\s*\d+(?:\.\d+)?)" + AFTER, text[starts[-1]:]) if starts else None
-    return float(value.group(1).replace(" ", "")) if value else None
+    found = [re.match(r"\s*(-?\s*\d+(?:\.\d+)?)" + AFTER, text[s:]) for s in starts]
+    values = {float(v.group(1).replace(" ", "")) if v else None for v in found}
+    return values.pop() if len(values) == 1 else None
 
-def final_boxed(text):
-    boxed = re.findall(r"\\boxed\{([^{}]*)\}", text)
-    m = re.fullmatch(r"\s*\$?\s*(?:a\s*\+\s*b\s*=\s*)?(-?\d+(?:\.\d+)?)\s*\$?\s*", boxed[-1]) if boxed else None
-    return float(m.group(1)) if m else None
+def final_boxed(text):  # the one number every \boxed{} holds (`\boxed{3} or \boxed{0}` holds none)
+    found = [re.fullmatch(r"\s*\$?\s*(?:a\s*\+\s*b\s*=\s*)?(-?\d+(?:\.\d+)?)\s*\$?\s*", box)
+             for box in re.findall(r"\\boxed\{([^{}]*)\}", text)]
+    values = {float(m.group(1)) if m else None for m in found}
+    return values.pop() if len(values) == 1 else None
 
 # --curriculum (on in the CPU preset): the halves of PROBLEM, one breakpoint each, on their own steps (see train()).
-HALVES = {  # name: (statement, worked example, its solution, the CREDIT steps that count); the box is a+b again
-    "right": (piecewise(["ax+3, &\\text{ if }x>2,", "x-5 &\\text{ if } x \\le 2."], "a+b", "Let $b = 3$. "),
-              piecewise(["cx+5, &\\text{ if }x>3,", "x-4 &\\text{ if } x \\le 3."], "c+d", "Let $d = -2$. "),
-              "The function must be continuous at x = 3.\n" + EXAMPLE_STEPS[0] + "\n" + EXAMPLE_SUM,
-              ("x=2", "f(2)", "right(2)", "eq(2)", "a")),
-    "left": (piecewise(["x-5 &\\text{ if } x \\ge -2,", "2x-b &\\text{ if } x <-2."], "a+b", "Let $a = -3$. "),
-             piecewise(["x-4 &\\text{ if } x \\ge -3,", "3x-d &\\text{ if } x <-3."], "c+d", "Let $c = -2$. "),
-             "The function must be continuous at x = -3.\n" + EXAMPLE_STEPS[1] + "\n" + EXAMPLE_SUM,
-             ("x=-2", "f(-2)", "left(-2)", "eq(-2)", "b")),
+HALVES = {  # name: (statement, worked example, its solution, the CREDIT steps that count, the answer in the box)
+    "right": (piecewise(["ax+3, &\\text{ if }x>2,", "x-5 &\\text{ if } x \\le 2."], "a"),
+              piecewise(["cx+5, &\\text{ if }x>3,", "x-4 &\\text{ if } x \\le 3."], "c"),
+              "The function must be continuous at x = 3.\n" + EXAMPLE_STEPS[0] + "\nSo the answer is \\boxed{-2}.",
+              ("x=2", "f(2)", "right(2)", "eq(2)", "a"), ANSWER["a"]),
+    "left": (piecewise(["x-5 &\\text{ if } x \\ge -2,", "2x-b &\\text{ if } x <-2."], "b"),
+             piecewise(["x-4 &\\text{ if } x \\ge -3,", "3x-d &\\text{ if } x <-3."], "d"),
+             "The function must be continuous at x = -3.\n" + EXAMPLE_STEPS[1] + "\nSo the answer is \\boxed{-2}.",
+             ("x=-2", "f(-2)", "left(-2)", "eq(-2)", "b"), ANSWER["b"]),
 }
 CURRICULUM = ["main", "left", "main", "right"]  # half of the steps train on PROBLEM itself
 
 def credits(text: str, task="main") -> dict:
-    """{name: earned?} for each step of CREDIT (a half of the problem: its own steps, and the boxed a+b)."""
+    """{name: earned?} for each step of CREDIT (a half of the problem: its own steps, and its own answer boxed)."""
     text = re.sub(r"[ \t]+", " ", text.replace("\u2212", "-"))                      # one space, one kind of minus
     got = {name: bool(test(text) if callable(test) else re.search(test, text)) for _, name, test in CREDIT}
     if task != "main":
-        got = {k: v for k, v in got.items() if k in HALVES[task][3] + ("boxed",)}
+        steps, answer = HALVES[task][3:]
+        got = {k: v for k, v in got.items() if k in steps} | {"boxed": final_boxed(text) == answer}
     return got
 
 def toy_reward(text: str, task="main") -> float:

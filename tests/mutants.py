@@ -38,9 +38,12 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
     "mask_excludes_eos": ("<= first[:, None]", "< first[:, None]"),
     "entropy_sign": ("loss = loss - cfg.entropy_coef * agg", "loss = loss + cfg.entropy_coef * agg"),
     "reward_equation_continues": [('AFTER = r"', 'AFTER = r"(?![\\d.]*\\d)" or r"')],  # the old rule: digits only
-    "half_drops_its_box": ('if k in HALVES[task][3] + ("boxed",)}', 'if k in HALVES[task][3]}'),
-    "half_counts_every_step": ('got = {k: v for k, v in got.items() if k in HALVES[task][3] + ("boxed",)}',
-                               "got = dict(got)"),
+    "half_boxes_the_problems_answer": ('| {"boxed": final_boxed(text) == answer}',
+                                       '| {"boxed": final_boxed(text) == ANSWER["a+b"]}'),
+    "value_takes_the_last_statement": ("text[s:]) for s in starts]", "text[s:]) for s in starts[-1:]]"),  # hedges pay
+    "box_takes_the_last_box": ('for box in re.findall(r"\\\\boxed\\{([^{}]*)\\}", text)]',
+                               'for box in re.findall(r"\\\\boxed\\{([^{}]*)\\}", text)[-1:]]'),
+    "half_counts_every_step": ("got = {k: v for k, v in got.items() if k in steps}", "got = dict(got)"),
     # the sampler (checked by tests/test_sampler.py only)
     "sampler_ignores_temperature": ("torch.softmax(logits.float() / cfg.temperature, -1)",
                                     "torch.softmax(logits.float(), -1)"),

@@ -20,8 +20,10 @@ CASES = [  # (completion, exact reward)
     ("\\boxed{0}", 0.30),
     ("\\boxed{ 0 }", 0.30),
     ("$\\boxed{a+b=0}$", 0.30),
-    ("\\boxed{0} then again \\boxed{10}", 0.0),         # only the last boxed answer counts
-    ("\\boxed{10} no wait \\boxed{0}", 0.30),
+    ("\\boxed{0} then again \\boxed{10}", 0.0),         # every box must hold the same number: a hedge earns nothing
+    ("\\boxed{10} no wait \\boxed{0}", 0.0),          # (a regex cannot tell a correction from a hedge)
+    ("\\boxed{3} or \\boxed{0}", 0.0), ("\\boxed{a = -3}, \\boxed{0}", 0.10),   # a box that is no number: no box
+    ("\\boxed{0}.\nThe answer is \\boxed{0}.", 0.30), ("\\boxed{-0}", 0.30),
     ("a = -3", 0.10),
     ("a=-3.", 0.10),
     ("a = \u22123", 0.10),                              # unicode minus
@@ -29,8 +31,10 @@ CASES = [  # (completion, exact reward)
     ("a = -3.5", 0.0),
     ("a = 3", 0.0),
     ("ba = -3", 0.0),                                   # not the variable a
-    ("a = -3, later a = 5", 0.0),                       # the last stated value counts
-    ("a = 5, later a = -3", 0.10),
+    ("a = -3, later a = 5", 0.0),                       # every statement of a must give the same number ...
+    ("a = 5, later a = -3", 0.0),
+    ("b = 0, b = 3", 0.0), ("b = 0, b = 0, b = 3", 0.0),  # ... found by the policy in a CPU run: a hedge
+    ("a = -3. So a = -3", 0.10), ("a = -3, a = -3.0", 0.10),   # the same value twice is fine
     ("b = 3", 0.10),
     ("b = 33", 0.0),
     ("b = 3.5", 0.0),
@@ -93,23 +97,20 @@ def test_weights_sum_to_one_and_reward_in_unit_interval():
 
 
 # ------------------------------------------------------------------ the curriculum's halves (--curriculum)
-SUM = "\nSo a + b = -3 + 3 = 0, and the answer is \\boxed{0}."  # each half asks a+b, the other coefficient given
-RIGHT_STEPS = ("The function must be continuous at x = 2.\nAt x = 2: the right piece is 2a + 3 and the middle piece "
-               "is 2 - 5 = -3. So 2a + 3 = -3, 2a = -6, a = -3.")
-LEFT_STEPS = ("The function must be continuous at x = -2.\nAt x = -2: the left piece is 2(-2) - b = -4 - b and the "
-              "middle piece is -2 - 5 = -7. So -4 - b = -7, -b = -3, b = 3.")
-RIGHT, LEFT = RIGHT_STEPS + SUM, LEFT_STEPS + SUM
-HALF_CASES = [  # (completion, half, exact reward): a half counts its own steps and the boxed a+b, out of 0.65
-    (RIGHT, "right", 1.0), (LEFT, "left", 1.0), (FULL, "right", 1.0), (FULL, "left", 1.0),
-    (RIGHT_STEPS, "right", 0.35 / 0.65), (LEFT_STEPS, "left", 0.35 / 0.65),  # all steps, no box
-    (RIGHT_STEPS, "left", 0.0), (LEFT_STEPS, "right", 0.0),                  # the other half's steps count nothing
-    (RIGHT, "left", 0.30 / 0.65), (LEFT, "right", 0.30 / 0.65),              # ... only the boxed a+b
-    ("\\boxed{0}", "right", 0.30 / 0.65), ("\\boxed{a + b = 0}", "left", 0.30 / 0.65),
-    ("\\boxed{-3}", "right", 0.0), ("\\boxed{3}", "left", 0.0),              # a or b alone is not what is asked
-    ("\\boxed{a = -3}", "right", 0.10 / 0.65),                               # a = -3 earns a, not the box
+RIGHT = ("The function must be continuous at x = 2.\nAt x = 2: the right piece is 2a + 3 and the middle piece is "
+         "2 - 5 = -3. So 2a + 3 = -3, 2a = -6, a = -3.\nSo the answer is \\boxed{-3}.")
+LEFT = ("The function must be continuous at x = -2.\nAt x = -2: the left piece is 2(-2) - b = -4 - b and the middle "
+        "piece is -2 - 5 = -7. So -4 - b = -7, -b = -3, b = 3.\nSo the answer is \\boxed{3}.")
+HALF_CASES = [  # (completion, half, exact reward): a half counts its own steps and its own boxed answer, out of 0.65
+    (RIGHT, "right", 1.0), (LEFT, "left", 1.0),
+    (RIGHT, "left", 0.0), (LEFT, "right", 0.0),                              # the other half's steps count nothing
+    (FULL, "right", 0.35 / 0.65), (FULL, "left", 0.35 / 0.65),               # boxed 0 is not a or b
+    ("\\boxed{-3}", "right", 0.30 / 0.65), ("\\boxed{3}", "left", 0.30 / 0.65), ("\\boxed{0}", "right", 0.0),
+    ("\\boxed{a = -3}", "right", 0.10 / 0.65), ("\\boxed{-3}", "left", 0.0),          # a = -3 earns a, not the box
     ("a = -3", "right", 0.10 / 0.65), ("b = 3", "left", 0.10 / 0.65), ("b = 3", "right", 0.0),
     ("2a + 3 = -3x", "right", 0.05 / 0.65), ("-4 - b = -7b", "left", 0.05 / 0.65),   # the same strict patterns
     ("f(2) = -3a", "right", 0.0), ("a = -3.5", "right", 0.0), ("-b = 3", "left", 0.0),
+    ("\\boxed{0} so \\boxed{-3}", "right", 0.0), ("b = 0, b = 3", "left", 0.0),     # hedges earn nothing here too
 ]
 
 
@@ -122,11 +123,10 @@ def test_halves_are_the_problem_with_one_breakpoint_and_main_is_unchanged():
     import transparent_grpo as tg
     assert tg.toy_reward(FULL, "main") == tg.toy_reward(FULL) == 1.0
     assert set(tg.credits(FULL)) == {name for _, name, _ in CREDIT}
-    for half, (problem, example, solution, steps) in tg.HALVES.items():
+    for half, (problem, example, solution, steps, answer) in tg.HALVES.items():
         assert problem.count("\\text{ if }") == 2 and tg.PROBLEM.count("\\text{ if }") == 3
-        given = "Let $b = 3$. " if half == "right" else "Let $a = -3$. "            # the other coefficient, correct
-        assert given + "Find $a+b$" in problem and tg.toy_reward(RIGHT if half == "right" else LEFT, half) == pytest.approx(1.0)
-        assert example.count("\\text{ if }") == 2 and solution.endswith(tg.EXAMPLE_SUM) and "\\boxed{-4}" in solution
+        assert f"\\boxed{{{answer:g}}}" in (RIGHT if half == "right" else LEFT)
+        assert example.count("\\text{ if }") == 2 and "\\boxed{-2}" in solution
         assert list(tg.credits("", half)) == [*steps, "boxed"]
         assert tg.toy_messages(True, half)[-1]["content"] == problem
     assert tg.toy_messages(True)[-1]["content"] == tg.PROBLEM and set(tg.CURRICULUM) == {"main", *tg.HALVES}
