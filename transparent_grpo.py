@@ -15,7 +15,8 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
  3. The KL part uses a leave-one-out baseline, so it stays unbiased (a group mean that includes the sample itself
     would shrink it by (G-1)/G).
  4. Sampling is plain temperature sampling (no top-k/top-p/repetition penalty), and log-probs are taken at
-    logits/T, so pi_old is exactly the distribution the tokens were drawn from.
+    logits/T, so pi_old is exactly the distribution the tokens were drawn from (on GPU --sampler compiled uses CUDA
+    graphs; given fp32 weights it samples from a bf16 copy, the same up to bf16 rounding of the residual stream).
  5. Completion masks come from the first EOS, which is kept and trained on (pad == EOS is common).
  6. With one update per rollout (mu=1, one minibatch) pi_old = pi_theta: the old log-probs are the detached
     current ones, and no extra forward pass is spent on them. No reference forward at all when beta = 0.
@@ -28,7 +29,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
     max_new_tokens loses --truncation_penalty from the reward it learns from: shaping, logged apart. reward/mean is
     always the task reward of the problem itself (README: What to expect).
 """
-import functools, json, math, os, re, resource, shutil, sys, time
+import functools, json, math, os, re, resource, shutil, sys, time, weakref
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -84,7 +85,8 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     vf_coef: float = flag(0.1, "ppo: value loss coefficient")
     vf_clip: float = flag(0.2, "ppo: value clip range")
     gradient_checkpointing: bool = flag(False, "trade compute for activation memory")
-    sampler: str = flag("fast", "fast (prefill once, in-place KV cache, finished rows dropped) | hf (model.generate)")
+    sampler: str = flag("auto", "fast (prefill once, in-place KV cache) | hf (model.generate) | compiled (generate, "
+                        "static cache, torch.compile: CUDA graphs) | auto (compiled on GPU if no copy is needed)")
     seed: int = flag(0, "seeds python, numpy, torch and sampling")
     run_name: Optional[str] = flag(None, "logs/<run_name>.{jsonl,log} (default objective-kl-model-seed)")
     output_dir: str = flag("out", "checkpoints and the final model go to <output_dir>/<run_name>/")
@@ -136,7 +138,8 @@ def validate(cfg: Config):
         if not ok:
             raise ConfigError(f"--{name}={getattr(cfg, name)!r} is invalid: {allowed}")
     choices = dict(objective=sorted(OBJECTIVES), kl_estimator=sorted(KL_ESTIMATORS), advantage=sorted(ADVANTAGES),
-                   kl_placement=["reward", "loss", "none"], dtype=["auto", "fp32", "bf16"], sampler=["fast", "hf"],
+                   kl_placement=["reward", "loss", "none"], dtype=["auto", "fp32", "bf16"],
+                   sampler=["auto", "fast", "hf", "compiled"],
                    report_to=["none", "tensorboard", "wandb"])
     for name, allowed in choices.items():
         need(getattr(cfg, name) in allowed, name, "choose one of " + ", ".join(allowed))
@@ -384,9 +387,10 @@ class InPlaceKV(DynamicLayer):
 def sample(model, prompt_ids, n, cfg, eos, pad_id):
     """n completions of one prompt, each token y_t ~ softmax(logits_t / T) exactly (no top-k, top-p or penalties).
     The prompt runs once; its KV cache is copied into n rows; then one forward per token for the unfinished rows."""
-    out = None if cfg.sampler == "hf" else model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)  # [1, 1, V]
+    kind = sampler_kind(model, cfg.sampler, prompt_ids.device.type)
+    out = None if kind != "fast" else model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)  # [1, 1, V]
     if out is None or any(type(layer) is not DynamicLayer for layer in getattr(out.past_key_values, "layers", [0])):
-        return generate(model, prompt_ids, n, cfg, eos, pad_id)                         # e.g. sliding-window caches
+        return generate(model, prompt_ids, n, cfg, eos, pad_id, kind if out is None else "hf")  # e.g. sliding windows
     cache, logits = out.past_key_values, out.logits[:, -1].expand(n, -1)               # [n, V]
     cache.layers = [InPlaceKV(layer, n, cfg.max_new_tokens) for layer in cache.layers]
     tokens = prompt_ids.new_full((n, cfg.max_new_tokens), pad_id)                      # [n, T] pad after EOS
@@ -403,14 +407,54 @@ def sample(model, prompt_ids, n, cfg, eos, pad_id):
         logits = model(input_ids=y, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [live, V]
     return torch.cat([prompt_ids.expand(n, -1), tokens[:, :t + 1]], 1)                 # [n, P+T']
 
-def generate(model, prompt_ids, n, cfg, eos, pad_id):
-    """--sampler hf: the same contract through HF generate (n samples of one prompt in one call)."""
+def sampler_kind(model, sampler, device):
+    """--sampler auto: compiled on a GPU when the weights are already in the autocast dtype (DeepSpeed bf16) or no
+    autocast runs; with fp32 weights under autocast (one GPU) compiled needs a bf16 copy, 2 bytes per parameter that
+    the 3B preset does not have on 80 GB (README: Performance, GPU), so fast. On CPU: fast (compiling does not pay)."""
+    if sampler != "auto":
+        return sampler
+    copy = torch.is_autocast_enabled(device) and next(model.parameters()).dtype != torch.get_autocast_dtype(device)
+    return "compiled" if device == "cuda" and not copy else "fast"
+
+def generate(model, prompt_ids, n, cfg, eos, pad_id, kind="hf"):
+    """--sampler hf: the same contract through HF generate (n samples of one prompt in one call). --sampler compiled:
+    a static KV cache and a torch.compile-d decode step (CUDA graphs on GPU; compiled once per prompt length, and it
+    reads the weights in place, so it sees every update)."""
     from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import CompileConfig
+    compiled = CompileConfig(mode="reduce-overhead" if prompt_ids.is_cuda else "default", dynamic=False)
+    compiled._compile_all_devices = True                                                # on CPU too, if asked
+    model = sampling_twin(model, prompt_ids.device.type) if kind == "compiled" else model
     gen = GenerationConfig(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0, min_p=None, pad_token_id=
-                           pad_id, repetition_penalty=1.0, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos)
+                           pad_id, repetition_penalty=1.0, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos,
+                           **(dict(cache_implementation="static", compile_config=compiled)
+                              if kind == "compiled" else {}))
     ids = prompt_ids.expand(n, -1)                                                      # [N, P]
     with torch.inference_mode():
         return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)  # [N, P+T]
+
+TWINS = {}  # id(policy) -> (the policy, its copy in the autocast dtype), for --sampler compiled
+
+@torch.no_grad()
+def sampling_twin(model, device):
+    """fp32 weights under bf16 autocast (one GPU): the static cache needs one dtype, but autocast yields fp32 keys and
+    bf16 values. So --sampler compiled samples from a bf16 copy, refreshed in place before every call (the graph keeps
+    its addresses): 2 bytes read per weight per token instead of a 4-byte cast. It rounds like the autocast forward,
+    but its residual stream is bf16, not fp32 (README: samplers)."""
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    if dtype is None or next(model.parameters()).dtype == dtype:
+        return model                                                    # DeepSpeed bf16, CPU fp32: the policy itself
+    from transformers import AutoModelForCausalLM
+    owner, twin = TWINS.get(id(model), (lambda: None, None))
+    if owner() is not model:                                            # first call (or a new policy at this id)
+        with torch.device(next(model.parameters()).device):
+            twin = AutoModelForCausalLM.from_config(model.config, dtype=dtype).eval().requires_grad_(False)
+        TWINS[id(model)] = (weakref.ref(model), twin)
+    weights = dict(model.named_parameters())
+    for name, t in twin.named_parameters():
+        t.copy_(weights[name])                                          # theta_twin = bf16(theta), in place
+    twin.generation_config = model.generation_config
+    return twin
 
 # ============================================================================ 5. Log-probs
 def _chunk_logprobs(h, weight, bias, targets, temperature):
@@ -440,8 +484,8 @@ def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False):
     """Log-probs [B, T] (and entropy, ppo values) of the completion tokens ids[:, n_prompt:].
     When every row has the same prompt it runs once (batch 1) and its KV cache is repeated for the B completions;
     gradients still reach the prompt's keys and values through the repeat, so this is exact, just cheaper."""
-    checkpointing = model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
-    shared = not checkpointing and bool((ids[:, :n_prompt] == ids[:1, :n_prompt]).all())  # checkpointing: no KV cache
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())  # the reference too:
+    shared = not checkpointing and bool((ids[:, :n_prompt] == ids[:1, :n_prompt]).all())  # one path, same rounding
     if shared:
         first = model(input_ids=ids[:1, :n_prompt], output_hidden_states=True, logits_to_keep=1, use_cache=True)
         cache = first.past_key_values

@@ -8,7 +8,8 @@
 Same model folder, prompt, G, completion length, beta, learning rate, mu = 1, max_grad_norm = 1, fp32 on CPU, and
 the same reward function. Each system runs in its own process. It reports the median step time of steps 2..N (steps
 0 and 1 are warm-up) and its peak memory: peak RSS on CPU (getrusage), peak allocated memory on GPU.
-`--systems ours,ours_hf,trl` also runs this script with `--sampler hf` (HF generate) to compare the two samplers, and
+`--systems ours,ours_hf,trl` also runs this script with `--sampler hf` (HF generate) to compare the two samplers
+(`ours_compiled`: `--sampler compiled`, static cache + torch.compile, CUDA graphs on GPU), and
 every run prints the physical floor of sampling: reading the weights once per decode step at the memory bandwidth
 measured on this machine. Not collected by pytest (the file name does not start with test_).
 """
@@ -42,7 +43,7 @@ TRL_RUNNER = textwrap.dedent(r"""
                      gradient_accumulation_steps=1, max_completion_length=a["max_new_tokens"], beta=a["beta"],
                      loss_type="grpo", num_iterations=1, temperature=1.0, learning_rate=a["lr"], max_steps=a["steps"],
                      max_grad_norm=1.0, logging_steps=1, save_strategy="no", report_to="none", use_cpu=not cuda,
-                     bf16=cuda, seed=a["seed"], gradient_checkpointing=False)
+                     bf16=cuda, seed=a["seed"], gradient_checkpointing=a["gc"])
     model = AutoModelForCausalLM.from_pretrained(a["model"], dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(a["model"])
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok,
@@ -59,14 +60,19 @@ def local_model(args):
     import transparent_grpo as tg
     if args.random_qwen_3b:
         from transformers import AutoModelForCausalLM, Qwen2Config
-        folder = os.path.join(tempfile.gettempdir(), "tg-bench-random-qwen2.5-3b")
+        folder = os.path.join(tempfile.gettempdir(), f"tg-bench-random-qwen2.5-3b-{args.layers}l")
         if not os.path.exists(os.path.join(folder, "config.json")):
-            tok, _ = tg.load_model("bundled:", torch.float32)  # any tokenizer with a chat template will do
-            config = Qwen2Config(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+            from transformers import AutoTokenizer  # any tokenizer with a chat template will do
+            tok = tg.load_model("bundled:", torch.float32)[0] if args.tokenizer == "bundled" else \
+                AutoTokenizer.from_pretrained(args.tokenizer)
+            config = Qwen2Config(vocab_size=151936, hidden_size=2048, intermediate_size=11008,
+                                 num_hidden_layers=args.layers,
                                  num_attention_heads=16, num_key_value_heads=2, tie_word_embeddings=True,
                                  max_position_embeddings=32768, rope_theta=1e6, eos_token_id=tok.eos_token_id,
                                  pad_token_id=tok.pad_token_id)
-            AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+            with torch.device("cuda" if torch.cuda.is_available() else "cpu"):           # random init is fast there
+                AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
+            torch.cuda.empty_cache()                                   # leave the GPU to the systems measured
             tok.save_pretrained(folder)
         return folder
     if args.model != "bundled":
@@ -85,7 +91,8 @@ def run_ours(args, model, work, sampler="fast"):
            str(args.group_size), "--prompts_per_step", "1", "--max_new_tokens", str(args.max_new_tokens), "--beta",
            str(args.beta), "--learning_rate", str(args.lr), "--inner_epochs", "1", "--temperature", "1.0",
            "--num_steps", str(args.steps), "--seed", str(args.seed), "--max_grad_norm", "1.0",
-           "--output_dir", os.path.join(work, "out"), "--log_dir", work, "--run_name", f"ours-{sampler}"]
+           "--output_dir", os.path.join(work, "out"), "--log_dir", work, "--run_name", f"ours-{sampler}",
+           "--gradient_checkpointing", str(args.gradient_checkpointing)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         sys.exit(p.stdout[-3000:] + p.stderr[-3000:])
@@ -96,11 +103,15 @@ def run_ours(args, model, work, sampler="fast"):
 
 
 def floor(model):
-    """Seconds to read the weights once, at the memory bandwidth measured here (the best of 5 sums of 1 GiB)."""
+    """Seconds to read the fp32 weights once, at the memory bandwidth measured here (the best of 5 sums of 1 GiB;
+    on the GPU when there is one)."""
     import time, torch
     from transformers import AutoConfig, AutoModelForCausalLM
-    x = torch.ones(2 ** 28)                                                    # 1 GiB of fp32
-    best = min((lambda t: (x.sum(), time.time() - t)[1])(time.time()) for _ in range(5))
+    cuda = torch.cuda.is_available()
+    x = torch.ones(2 ** 28, device="cuda" if cuda else "cpu")                  # 1 GiB of fp32
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    x.sum(), sync()
+    best = min((lambda t: (x.sum(), sync(), time.time() - t)[2])(time.time()) for _ in range(5))
     with torch.device("meta"):                                                 # count parameters, allocate nothing
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).parameters())
     return params * 4 / (2 ** 30 / best), 2 ** 30 / best / 1e9, params
@@ -108,7 +119,8 @@ def floor(model):
 
 def run_trl(args, model, work):
     spec = dict(model=model, group_size=args.group_size, max_new_tokens=args.max_new_tokens, beta=args.beta,
-                lr=args.lr, steps=args.steps, seed=args.seed, out=os.path.join(work, "trl"))
+                lr=args.lr, steps=args.steps, seed=args.seed, out=os.path.join(work, "trl"),
+                gc=args.gradient_checkpointing)
     code = TRL_RUNNER.format(root=ROOT, args=json.dumps(spec))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -121,6 +133,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="bundled", help="'bundled' (SmolLM2-135M), a local folder or a hub id")
     ap.add_argument("--random_qwen_3b", action="store_true", help="a random-weight Qwen2.5-3B-shaped model")
+    ap.add_argument("--tokenizer", default="bundled", help="--random_qwen_3b: the bundled one or a tokenizer folder")
+    ap.add_argument("--layers", type=int, default=36, help="--random_qwen_3b: 36 = Qwen2.5-3B; fewer: a dry run")
     ap.add_argument("--group_size", type=int, default=8)
     ap.add_argument("--max_new_tokens", type=int, default=128)
     ap.add_argument("--beta", type=float, default=0.02)
@@ -128,21 +142,32 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--systems", default="ours,ours_hf,trl")
+    ap.add_argument("--gradient_checkpointing", action="store_true", help="in both systems (G=16 x 512 on one GPU)")
     args = ap.parse_args()
     model = local_model(args)
     results = {}
     with tempfile.TemporaryDirectory() as work:
         for name in args.systems.split(","):
-            run = {"ours": run_ours, "ours_hf": lambda *a: run_ours(*a, sampler="hf"), "trl": run_trl}[name]
-            results[name] = run(args, model, work)
+            run = {"ours": run_ours, "ours_hf": lambda *a: run_ours(*a, sampler="hf"), "trl": run_trl,
+                   "ours_compiled": lambda *a: run_ours(*a, sampler="compiled")}[name]
+            try:
+                results[name] = run(args, model, work)
+            except SystemExit as err:                                      # report it, go on with the others
+                print(f"{name:>5}: FAILED\n{err}", flush=True)
+                continue
             r = results[name]
             r["median_step_s"] = statistics.median(r["step_times"][2:] or r["step_times"])
             print(f"{name:>5}: median step {r['median_step_s']:.1f} s (steps 2..{args.steps - 1}: "
                   f"{', '.join(f'{t:.1f}' for t in r['step_times'][2:])}), peak memory {r['peak_gb']:.2f} GB", flush=True)
-    if {"ours", "trl"} <= results.keys():
-        o, t = results["ours"], results["trl"]
-        print(f"ratio ours/TRL: step time {o['median_step_s'] / t['median_step_s']:.2f}x, "
-              f"peak memory {o['peak_gb'] / t['peak_gb']:.2f}x")
+    for name in ("ours", "ours_compiled"):
+        if {name, "trl"} <= results.keys():
+            o, t = results[name], results["trl"]
+            print(f"ratio {name}/TRL: step time {o['median_step_s'] / t['median_step_s']:.2f}x, "
+                  f"peak memory {o['peak_gb'] / t['peak_gb']:.2f}x")
+    if {"ours_compiled", "ours_hf"} <= results.keys():
+        f, h = results["ours_compiled"], results["ours_hf"]
+        print(f"generate: --sampler compiled {f['generate_s']:.1f} s, --sampler hf {h['generate_s']:.1f} s "
+              f"({h['generate_s'] / f['generate_s']:.2f}x faster)")
     if {"ours", "ours_hf"} <= results.keys():
         f, h = results["ours"], results["ours_hf"]
         print(f"generate: --sampler fast {f['generate_s']:.1f} s, --sampler hf {h['generate_s']:.1f} s "

@@ -51,8 +51,14 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
                                     "logits = 50 * model(input_ids=y, past_key_values=cache"),
     "sampler_keeps_sampling_after_eos": ("if not going.all():", "if False:"),
     "sampler_cache_not_advanced": ("self.len += k.shape[2]", "self.len += 0"),
+    "sampler_twin_not_refreshed": ("t.copy_(weights[name])", "t.copy_(weights[name]) if False else None"),
+    # the reference's log-prob path (checked by its own test in tests/test_e2e.py)
+    "reference_path_by_training_mode": ('checkpointing = any(getattr(m, "gradient_checkpointing", False)',
+                                        'checkpointing = model.training and any(getattr(m, "gradient_checkpointing", '
+                                        'False)'),
 }
 SAMPLER = ["tests/test_sampler.py"]
+REFERENCE = ["tests/test_e2e.py::test_with_gradient_checkpointing_the_reference_computes_what_the_policy_computes"]
 
 
 def run(name, edits):
@@ -64,7 +70,7 @@ def run(name, edits):
                 return f"{name}: the text to edit is found {src.count(old)} times (update this script)"
             src = src.replace(old, new)
         open(os.path.join(tmp, "transparent_grpo.py"), "w").write(src)
-        tests = SAMPLER if name.startswith("sampler") else FAST
+        tests = SAMPLER if name.startswith("sampler") else REFERENCE if name.startswith("reference") else FAST
         p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=tmp,
                            capture_output=True, text=True)
         failed = [ln.split(" ")[1] for ln in p.stdout.splitlines() if ln.startswith("FAILED")]

@@ -59,14 +59,18 @@ def test_accelerate_launch_deepspeed_zero2(tmp_path, tiny_model):
     assert "DEEPSPEED" in p.stdout and "weights: torch.float32 |" in p.stdout
 
 
-@pytest.mark.parametrize("deepspeed", [False, True], ids=["autocast", "deepspeed_zero2"])
-def test_bf16_mixed_precision_keeps_kl_zero_at_step_0(tmp_path, tiny_qwen, deepspeed):
+@pytest.mark.parametrize("deepspeed,checkpointing", [(False, False), (True, False), (False, True)],
+                         ids=["autocast", "deepspeed_zero2", "autocast_gradient_checkpointing"])
+def test_bf16_mixed_precision_keeps_kl_zero_at_step_0(tmp_path, tiny_qwen, deepspeed, checkpointing):
     """--mixed_precision bf16 is honoured on CPU. Under DeepSpeed the engine casts the policy's parameters to bf16 but
     keeps buffers such as rotary inv_freq in fp32: a reference cast whole to bf16 would differ from the policy before
-    any update (KL != 0). Qwen2 is the GPU default's architecture."""
+    any update (KL != 0). With gradient checkpointing the reference must take the policy's path (no shared-prompt KV
+    cache) too: in bf16 the two paths round differently (seen on an H100: KL -0.0005 at step 0). Qwen2 is the GPU
+    default's architecture."""
     ds = ["--use_deepspeed", "--zero_stage", "2"] if deepspeed else []
-    p, rows = run_script(tmp_path, "--model", tiny_qwen, launcher=[os.path.join(BIN, "accelerate"), "launch", *ds,
-                                                                     "--num_processes", "1", "--mixed_precision", "bf16"])
+    p, rows = run_script(tmp_path, "--model", tiny_qwen, "--gradient_checkpointing", str(checkpointing),
+                         launcher=[os.path.join(BIN, "accelerate"), "launch", *ds, "--num_processes", "1",
+                                   "--mixed_precision", "bf16"])
     check_run(tmp_path, p, rows)
     assert "mixed precision: bf16" in p.stdout
     weights = "torch.bfloat16 (fp32 masters in DeepSpeed's optimizer)" if deepspeed else "torch.float32"
@@ -121,6 +125,25 @@ def test_gradient_checkpointing_trains_and_gives_the_same_logprobs(tiny_model, t
                                run_name="c"), cuda=False)
     tg.train(cfg, reward_fn=lambda t: t.count("a") / 8)
     assert [json.loads(ln)["step"] for ln in open(tmp_path / "c.jsonl")] == [0, 1]
+
+
+def test_with_gradient_checkpointing_the_reference_computes_what_the_policy_computes(tiny_qwen):
+    """The reference (eval mode, a copy made after checkpointing was turned on) takes the policy's path through
+    token_logprobs, so in bf16 their log-probs agree to the bit before any update (KL = 0 at step 0). With the
+    shared-prompt KV cache for one and a full forward for the other they differ by ~2e-3 here."""
+    import copy
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen).to(torch.bfloat16)
+    getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    ids = torch.randint(6, model.config.vocab_size, (4, 40))
+    ids[:, :20] = ids[0, :20]                                          # one prompt, 4 completions
+    mask = torch.ones(4, 20)
+    with torch.no_grad():
+        ref_lp = tg.token_logprobs(ref, ids, 20, mask, 1.0)[0]
+    policy_lp = tg.token_logprobs(model.train(), ids, 20, mask, 1.0)[0]
+    assert torch.equal(policy_lp.detach(), ref_lp)
 
 
 @pytest.mark.parametrize("estimator", sorted(tg.KL_ESTIMATORS))

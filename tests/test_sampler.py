@@ -26,7 +26,7 @@ def chi_square_p(counts, probs):
     return torch.special.gammaincc(torch.tensor((len(obs) - 1) / 2, dtype=stat.dtype), stat / 2).item()  # chi2 sf
 
 
-@pytest.mark.parametrize("sampler", ["fast", "hf"])
+@pytest.mark.parametrize("sampler", ["fast", "hf", "compiled"])
 def test_first_and_second_token_follow_softmax_at_temperature(tiny_model, sampler):
     """20,000 samples of two tokens, no EOS possible: the empirical frequencies at position 1, and at position 2
     (the mixture over every first token), pass a chi-square test against the exact probabilities."""
@@ -67,7 +67,7 @@ def reference_mask(row, eos, width):
     return [1.0 if stop is None or t <= stop else 0.0 for t in range(width)], stop is None
 
 
-@pytest.mark.parametrize("sampler", ["fast", "hf"])
+@pytest.mark.parametrize("sampler", ["fast", "hf", "compiled"])
 def test_eos_padding_width_masks_and_truncation(tiny_model, sampler):
     """Frequent tokens act as EOS, so rows stop at different steps: after its first EOS a row holds only pad; the
     width is max_new_tokens if any row is truncated; masks and truncation flags match a per-row reference."""
@@ -94,18 +94,24 @@ def test_eos_padding_width_masks_and_truncation(tiny_model, sampler):
             assert all(y == pad for y in row[stop + 1:])
 
 
-def test_the_sampler_sees_updated_weights(tiny_model):
-    """Nothing is cached between calls: an in-place update (the optimizer's kind) that makes the policy greedy shows
-    in the very next call."""
+@pytest.mark.parametrize("sampler,autocast", [("fast", False), ("compiled", False), ("compiled", True)])
+def test_the_sampler_sees_updated_weights(tiny_model, sampler, autocast):
+    """Nothing stale is kept between calls (compiled: the graph reads the weights in place; under autocast its bf16
+    twin is refreshed): an in-place update (the optimizer's kind) that makes the policy greedy shows in the very next
+    call. On a machine with CUDA this runs there (CUDA graphs)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     tok, model = load(tiny_model)
-    prompt = tok("ab", return_tensors="pt")["input_ids"]
-    cfg = SimpleNamespace(sampler="fast", max_new_tokens=3, temperature=1.0)
-    before = tg.sample(model, prompt, 32, cfg, eos=[-1], pad_id=0)[:, prompt.shape[1]:]
-    assert len(set(before[:, 0].tolist())) > 3
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(1e4)                                # logits x 1e4: argmax only
-    after = tg.sample(model, prompt, 32, cfg, eos=[-1], pad_id=0)[:, prompt.shape[1]:]
+    model = model.float().to(device) if device == "cuda" or autocast else model
+    prompt = tok("ab", return_tensors="pt")["input_ids"].to(device)
+    cfg = SimpleNamespace(sampler=sampler, max_new_tokens=3, temperature=1.0)
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+        before = tg.sample(model, prompt, 32, cfg, eos=[-1], pad_id=0)[:, prompt.shape[1]:]
+        assert len(set(before[:, 0].tolist())) > 3
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(1e4)                            # logits x 1e4: argmax only
+        after = tg.sample(model, prompt, 32, cfg, eos=[-1], pad_id=0)[:, prompt.shape[1]:]
     assert all(len(set(after[:, t].tolist())) == 1 for t in range(3))
+    assert (id(model) in tg.TWINS) == autocast                                          # the twin only under autocast
 
 
 def test_sliding_window_caches_fall_back_to_hf_generate(tiny_model, monkeypatch):
@@ -117,3 +123,16 @@ def test_sliding_window_caches_fall_back_to_hf_generate(tiny_model, monkeypatch)
     monkeypatch.setattr(tg, "DynamicLayer", type("Other", (), {}))                    # no layer is "plain" now
     tg.sample(model, prompt, 2, SimpleNamespace(sampler="fast", max_new_tokens=3, temperature=1.0), [-1], 0)
     assert called
+
+
+def test_auto_picks_compiled_only_on_a_gpu_and_only_without_a_copy(monkeypatch):
+    """--sampler auto (the default): fast on CPU; on CUDA compiled, unless the weights are fp32 under bf16 autocast
+    (one GPU), where compiled would need a bf16 copy of the weights that the 3B preset has no room for."""
+    fp32 = torch.nn.Linear(2, 2)
+    assert tg.sampler_kind(fp32, "auto", "cpu") == "fast"
+    assert tg.sampler_kind(fp32, "hf", "cuda") == "hf" and tg.sampler_kind(fp32, "compiled", "cpu") == "compiled"
+    assert tg.sampler_kind(fp32, "auto", "cuda") == "compiled"                      # no autocast: no copy
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device: True)
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda device: torch.bfloat16)
+    assert tg.sampler_kind(fp32, "auto", "cuda") == "fast"                          # fp32 under autocast
+    assert tg.sampler_kind(fp32.to(torch.bfloat16), "auto", "cuda") == "compiled"  # DeepSpeed bf16

