@@ -386,7 +386,8 @@ class InPlaceKV(DynamicLayer):
 @torch.inference_mode()
 def sample(model, prompt_ids, n, cfg, eos, pad_id):
     """n completions of one prompt, each token y_t ~ softmax(logits_t / T) exactly (no top-k, top-p or penalties).
-    The prompt runs once; its KV cache is copied into n rows; then one forward per token for the unfinished rows."""
+    --sampler fast, below: the prompt runs once; its KV cache is copied into n rows; then one forward per token for
+    the unfinished rows. hf and compiled go through generate()."""
     kind = sampler_kind(model, cfg.sampler, prompt_ids.device.type)
     out = None if kind != "fast" else model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)  # [1, 1, V]
     if out is None or any(type(layer) is not DynamicLayer for layer in getattr(out.past_key_values, "layers", [0])):
@@ -413,8 +414,11 @@ def sampler_kind(model, sampler, device):
     the 3B preset does not have on 80 GB (README: Performance, GPU), so fast. On CPU: fast (compiling does not pay)."""
     if sampler != "auto":
         return sampler
-    copy = torch.is_autocast_enabled(device) and next(model.parameters()).dtype != torch.get_autocast_dtype(device)
-    return "compiled" if device == "cuda" and not copy else "fast"
+    return "compiled" if device == "cuda" and copy_dtype(model, device) is None else "fast"
+
+def copy_dtype(model, device):  # the autocast dtype when the weights are in another one (fp32 on one GPU), else None
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    return dtype if dtype is not None and next(model.parameters()).dtype != dtype else None
 
 def generate(model, prompt_ids, n, cfg, eos, pad_id, kind="hf"):
     """--sampler hf: the same contract through HF generate (n samples of one prompt in one call). --sampler compiled:
@@ -422,13 +426,15 @@ def generate(model, prompt_ids, n, cfg, eos, pad_id, kind="hf"):
     reads the weights in place, so it sees every update)."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import CompileConfig
-    compiled = CompileConfig(mode="reduce-overhead" if prompt_ids.is_cuda else "default", dynamic=False)
-    compiled._compile_all_devices = True                                                # on CPU too, if asked
-    model = sampling_twin(model, prompt_ids.device.type) if kind == "compiled" else model
+    static = {}
+    if kind == "compiled":
+        compiled = CompileConfig(mode="reduce-overhead" if prompt_ids.is_cuda else "default", dynamic=False)
+        compiled._compile_all_devices = True                                            # on CPU too, if asked
+        model, static = sampling_twin(model, prompt_ids.device.type), dict(cache_implementation="static",
+                                                                           compile_config=compiled)
     gen = GenerationConfig(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0, min_p=None, pad_token_id=
                            pad_id, repetition_penalty=1.0, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos,
-                           **(dict(cache_implementation="static", compile_config=compiled)
-                              if kind == "compiled" else {}))
+                           **static)
     ids = prompt_ids.expand(n, -1)                                                      # [N, P]
     with torch.inference_mode():
         return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)  # [N, P+T]
@@ -440,9 +446,9 @@ def sampling_twin(model, device):
     """fp32 weights under bf16 autocast (one GPU): the static cache needs one dtype, but autocast yields fp32 keys and
     bf16 values. So --sampler compiled samples from a bf16 copy, refreshed in place before every call (the graph keeps
     its addresses): 2 bytes read per weight per token instead of a 4-byte cast. It rounds like the autocast forward,
-    but its residual stream is bf16, not fp32 (README: samplers)."""
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-    if dtype is None or next(model.parameters()).dtype == dtype:
+    but its residual stream is bf16, not fp32 (README: Performance, GPU)."""
+    dtype = copy_dtype(model, device)
+    if dtype is None:
         return model                                                    # DeepSpeed bf16, CPU fp32: the policy itself
     from transformers import AutoModelForCausalLM
     owner, twin = TWINS.get(id(model), (lambda: None, None))

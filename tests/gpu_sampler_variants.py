@@ -1,6 +1,7 @@
 """GPU only: python tests/gpu_sampler_variants.py MODEL_FOLDER G TOKENS [variants] (tests/gpu_check.sh sampler).
-ms per decode token of a random Qwen2.5-3B-shaped model, G rows of one prompt, full length (EOS disabled): our fast sampler vs HF generate, fp32 weights under bf16 autocast (the one-GPU path) vs bf16 weights,
-and HF generate with a static cache + torch.compile (reduce-overhead = CUDA graphs)."""
+ms per decode token of a random Qwen2.5-3B-shaped model, G rows of one prompt, full length (EOS disabled): our
+fast sampler vs HF generate, fp32 weights under bf16 autocast (the one-GPU path) vs bf16 weights, and HF generate
+with a static cache + torch.compile (reduce-overhead = CUDA graphs)."""
 import sys, time, torch
 sys.path.insert(0, ".")
 import transparent_grpo as tg
