@@ -12,13 +12,15 @@ model() { python3 -c "import sys, argparse; sys.path.insert(0, 'tests'); import 
 for stage in ${@:-sampler zero2 loop bench}; do case $stage in
   sampler)  # ms per decode token: fast / hf samplers, fp32 weights under autocast or bf16 weights, static cache+compile
     python3 tests/gpu_sampler_variants.py $(model 36) 16 128 ;;
-  zero2)    # DeepSpeed ZeRO-2 bf16 on one GPU: KL exactly 0 at step 0 (12 layers: 36 do not fit one 80 GB GPU)
+  zero2)    # DeepSpeed ZeRO-2 bf16 on one GPU, the full 36 layers: KL exactly 0 at step 0 (it fits 80 GB since
+            # main() sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; it ran out of memory without)
     accelerate launch --use_deepspeed --zero_stage 2 --mixed_precision bf16 --num_processes 1 transparent_grpo.py \
-      --model $(model 12) --num_steps 2 --max_new_tokens 256 --run_name gpu-zero2-bf16-12l --log_dir $OUT ;;
-  loop)     # the training loop with --sampler compiled vs fast, G = 16, 512 tokens
-    for s in compiled fast; do python3 transparent_grpo.py --model $(model 12) --num_steps 3 --group_size 16 \
-      --sampler $s --run_name gpu-$s-12l --log_dir $OUT; done ;;
+      --model $(model 36) --num_steps 2 --max_new_tokens 256 --run_name gpu-zero2-bf16-36l --log_dir $OUT \
+      --output_dir /tmp/gpu-check-out ;;
+  loop)     # the one-GPU preset (G = 4, 512 tokens, mu = 3), the default --sampler auto (compiled) vs fast
+    for s in auto fast; do python3 transparent_grpo.py --model $(model 36) --num_steps 4 --sampler $s \
+      --run_name gpu-preset-36l-$s --log_dir $OUT --output_dir /tmp/gpu-check-out; done ;;
   bench)    # ours vs TRL (no vLLM), G = 16, 512 tokens; both need gradient checkpointing to fit one 80 GB GPU
     python3 tests/benchmark.py --random_qwen_3b --tokenizer $TOK --group_size 16 --max_new_tokens 512 --steps 4 \
-      --gradient_checkpointing --systems ours_compiled,ours,trl ;;
+      --gradient_checkpointing --systems ours_compiled,trl,ours ;;
 esac; done
