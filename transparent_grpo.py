@@ -389,7 +389,7 @@ def sample(model, prompt_ids, n, cfg, eos, pad_id):
     """n completions of one prompt, each token y_t ~ softmax(logits_t / T) exactly (no top-k, top-p or penalties).
     --sampler fast, below: the prompt runs once; its KV cache is copied into n rows; then one forward per token for
     the unfinished rows. hf and compiled go through generate()."""
-    kind = sampler_kind(model, cfg.sampler, prompt_ids.device.type)
+    kind = sampler_kind(cfg.sampler, prompt_ids.device.type)
     out = None if kind != "fast" else model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)  # [1, 1, V]
     if out is None or any(type(layer) is not DynamicLayer for layer in getattr(out.past_key_values, "layers", [0])):
         return generate(model, prompt_ids, n, cfg, eos, pad_id, kind if out is None else "hf")  # e.g. sliding windows
@@ -409,7 +409,7 @@ def sample(model, prompt_ids, n, cfg, eos, pad_id):
         logits = model(input_ids=y, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [live, V]
     return torch.cat([prompt_ids.expand(n, -1), tokens[:, :t + 1]], 1)                 # [n, P+T']
 
-def sampler_kind(model, sampler, device):
+def sampler_kind(sampler, device):
     """--sampler auto: compiled on a GPU (with fp32 weights under autocast it samples from a bf16 copy, 2 bytes per
     parameter: the 3B preset still fits 80 GB, README: Performance, GPU); fast on CPU, where compiling does not pay."""
     return sampler if sampler != "auto" else "compiled" if device == "cuda" else "fast"
