@@ -136,7 +136,8 @@ def test_auto_picks_compiled_on_a_gpu_and_fast_on_cpu():
 def test_main_asks_for_expandable_segments_unless_the_user_chose(monkeypatch):
     """main() sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before anything touches CUDA (with it the 3B preset
     and ZeRO-2 bf16 fit one 80 GB GPU: logs/gpu-h100-zero2-bf16-36l.log); a value the user set is kept."""
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "")                                 # recorded, so undone after
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")                                   # the test: nothing leaks out
     with pytest.raises(SystemExit):
         tg.main(["--group_size", "0"])                                               # a config error: exits early
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
