@@ -388,7 +388,7 @@ class InPlaceKV(DynamicLayer):
 def sample(model, prompt_ids, n, cfg, eos, pad_id):
     """n completions of one prompt, each token y_t ~ softmax(logits_t / T) exactly (no top-k, top-p or penalties).
     --sampler fast, below: the prompt runs once; its KV cache is copied into n rows; then one forward per token for
-    the unfinished rows. hf and compiled go through generate()."""
+    the unfinished rows (on CPU with every linear layer as W @ x.T). hf and compiled go through generate()."""
     kind = sampler_kind(cfg.sampler, prompt_ids.device.type)
     out = None if kind != "fast" else model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)  # [1, 1, V]
     if out is None or any(type(layer) is not DynamicLayer for layer in getattr(out.past_key_values, "layers", [0])):
@@ -397,17 +397,30 @@ def sample(model, prompt_ids, n, cfg, eos, pad_id):
     cache.layers = [InPlaceKV(layer, n, cfg.max_new_tokens) for layer in cache.layers]
     tokens = prompt_ids.new_full((n, cfg.max_new_tokens), pad_id)                      # [n, T] pad after EOS
     live, eos = torch.arange(n, device=prompt_ids.device), torch.tensor(eos, device=prompt_ids.device)
-    for t in range(cfg.max_new_tokens):
-        y = torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1)  # [live, 1]  y ~ pi_old
-        tokens[live, t] = y[:, 0]
-        going = ~torch.isin(y[:, 0], eos)                                               # [live] no EOS yet
-        if not going.all():
-            live, y = live[going], y[going]
-            cache.batch_select_indices(going)
-        if len(live) == 0 or t + 1 == cfg.max_new_tokens:
-            break
-        logits = model(input_ids=y, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [live, V]
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)
+               and not prompt_ids.is_cuda]
+    for m in linears:  # CPU decode: W @ x.T streams each weight 1.2-1.6x faster than F.linear (README: Performance)
+        m.forward = functools.partial(weight_major_linear, m)
+    try:
+        for t in range(cfg.max_new_tokens):
+            y = torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1)  # [live, 1]  y ~ pi_old
+            tokens[live, t] = y[:, 0]
+            going = ~torch.isin(y[:, 0], eos)                                           # [live] no EOS yet
+            if not going.all():
+                live, y = live[going], y[going]
+                cache.batch_select_indices(going)
+            if len(live) == 0 or t + 1 == cfg.max_new_tokens:
+                break
+            out = model(input_ids=y, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1]                                                  # [live, V]
+    finally:
+        for m in linears:
+            del m.forward                                                               # nn.Linear.forward again
     return torch.cat([prompt_ids.expand(n, -1), tokens[:, :t + 1]], 1)                 # [n, P+T']
+
+def weight_major_linear(m, x):  # m(x) = x W^T + b, computed as (W x^T)^T: the same numbers up to rounding
+    y = (m.weight @ x.reshape(-1, x.shape[-1]).T).T.contiguous().view(*x.shape[:-1], -1)  # [..., out]
+    return y if m.bias is None else y + m.bias
 
 def sampler_kind(sampler, device):
     """--sampler auto: compiled on a GPU (with fp32 weights under autocast it samples from a bf16 copy, 2 bytes per

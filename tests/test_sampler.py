@@ -145,3 +145,27 @@ def test_main_asks_for_expandable_segments_unless_the_user_chose(monkeypatch):
     with pytest.raises(SystemExit):
         tg.main(["--group_size", "0"])
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+
+
+@pytest.mark.parametrize("arch", ["tiny_model", "tiny_qwen"])                      # qwen2: q/k/v have biases
+def test_fast_sampler_decodes_weight_major_on_cpu_and_restores_linear(arch, request, monkeypatch):
+    """On CPU the fast sampler's decode steps run each nn.Linear as (W x^T)^T (README: Performance, CPU); every layer is
+    plain nn.Linear again afterwards, also when a step fails, and the outputs match F.linear's to rounding."""
+    tok, model = load(request.getfixturevalue(arch))
+    prompt = tok("ab", return_tensors="pt")["input_ids"]
+    for m in [model.lm_head, model.model.layers[0].self_attn.q_proj, model.model.layers[0].mlp.down_proj]:
+        x = torch.randn(3, 2, m.in_features, dtype=torch.float64)                       # [B, T, in]
+        assert torch.allclose(tg.weight_major_linear(m, x), torch.nn.functional.linear(x, m.weight, m.bias),
+                              rtol=1e-12, atol=1e-12)
+    calls = []
+    real = tg.weight_major_linear
+    monkeypatch.setattr(tg, "weight_major_linear", lambda m, x: calls.append(1) or real(m, x))
+    cfg = SimpleNamespace(sampler="fast", max_new_tokens=3, temperature=1.0)
+    tg.sample(model, prompt, 4, cfg, eos=[-1], pad_id=0)
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert len(calls) == 2 * n_linear                                                   # 2 decode steps, not prefill
+    assert not any("forward" in vars(m) for m in model.modules())
+    monkeypatch.setattr(tg, "weight_major_linear", lambda m, x: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        tg.sample(model, prompt, 4, cfg, eos=[-1], pad_id=0)
+    assert not any("forward" in vars(m) for m in model.modules())
