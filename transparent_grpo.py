@@ -30,7 +30,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
     max_new_tokens loses --truncation_penalty from the reward it learns from: shaping, logged apart. reward/mean is
     always the task reward of the problem itself (README: What to expect).
 """
-import functools, json, math, os, re, resource, shutil, sys, time, weakref
+import copy, functools, json, math, os, re, resource, shutil, sys, time, weakref
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -497,19 +497,24 @@ def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128):
 def unwrap(model):  # DDP and DeepSpeed keep the HF model in .module
     return getattr(model, "module", model)
 
-def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False):
+def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, prompt_memo=None):
     """Log-probs [B, T] (and entropy, ppo values) of the completion tokens ids[:, n_prompt:].
     When every row has the same prompt it runs once (batch 1) and its KV cache is repeated for the B completions;
-    gradients still reach the prompt's keys and values through the repeat, so this is exact, just cheaper."""
+    gradients still reach the prompt's keys and values through the repeat, so this is exact, just cheaper.
+    prompt_memo (a dict, for a model whose weights stay fixed: the reference) keeps that prompt pass across calls."""
     checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())  # the reference too:
     shared = not checkpointing and bool((ids[:, :n_prompt] == ids[:1, :n_prompt]).all())  # one path, same rounding
     if shared:
-        first = model(input_ids=ids[:1, :n_prompt], output_hidden_states=True, logits_to_keep=1, use_cache=True)
-        cache = first.past_key_values
+        memo, key = {} if prompt_memo is None else prompt_memo, tuple(ids[0, :n_prompt].tolist())
+        if key not in memo:
+            first = model(input_ids=ids[:1, :n_prompt], output_hidden_states=True, logits_to_keep=1, use_cache=True)
+            memo[key] = first.hidden_states[-1][:, -1:], first.past_key_values          # [1, 1, H], the prompt's KV
+        h_prompt, cache = memo[key]
+        cache = cache if prompt_memo is None else copy.deepcopy(cache)                 # the memo's stays [1, ...]
         cache.batch_repeat_interleave(ids.shape[0])                                     # [1, ...] -> [B, ...]
         rest = model(input_ids=ids[:, n_prompt:-1], past_key_values=cache, output_hidden_states=True, logits_to_keep=1,
                      use_cache=True)
-        h = torch.cat([first.hidden_states[-1][:, -1:].expand(len(ids), -1, -1), rest.hidden_states[-1]], 1)  # [B,T,H]
+        h = torch.cat([h_prompt.expand(len(ids), -1, -1), rest.hidden_states[-1]], 1)  # [B, T, H]
     else:
         out = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
         h = out.hidden_states[-1][:, n_prompt - 1:-1]                                   # [B, T, H] predict y_t
@@ -731,7 +736,6 @@ def plot(jsonl_path, out_dir="img"):
 # ============================================================================ 9. Training loop
 def setup(cfg):
     """The plumbing: accelerator, policy, reference, optimizer, DeepSpeed settings, resume, trackers."""
-    import copy
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs, set_seed
     cuda, deepspeed = torch.cuda.is_available(), os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
@@ -872,6 +876,7 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         raise ConfigError(f"--max_new_tokens={cfg.max_new_tokens} is invalid: with the {P}-token prompt it exceeds the "
                           f"context window of {context} tokens")
     single_update, bad_in_a_row = cfg.inner_epochs == 1 and cfg.minibatch_size == N, 0  # pi_old = pi_theta (dep. 6)
+    ref_prompts = {}  # the reference's pass over each prompt (the problem, the halves): its weights stay fixed
     for step in tqdm(range(start, cfg.num_steps), initial=start, total=cfg.num_steps, desc="GRPO",
                      disable=not (acc.is_main_process and sys.stderr.isatty())):
         t0, task = time.time(), tasks[step % len(tasks)]              # a step asks one prompt (the problem or a half)
@@ -893,7 +898,8 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         # ---- 3. KL: log-probs of the sampled tokens under pi_old and pi_ref, at temperature T
         model.train()
         with acc.autocast(), torch.no_grad():
-            ref_lp = token_logprobs(ref, seqs, P, mask, cfg.temperature)[0] if ref is not None else None  # [N, T]
+            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, cfg.temperature,
+                                                             prompt_memo=ref_prompts)[0]                # [N, T]
         with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is the update's
             cached = token_logprobs(model, seqs, P, mask, cfg.temperature, cfg.objective == "ppo")
         old_lp, ent, old_values = (x.detach() if x is not None else None for x in cached)  # [N, T] each
@@ -918,6 +924,7 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
             raise SystemExit(3)
         if cfg.ref_update_every and (step + 1) % cfg.ref_update_every == 0:
             ref.load_state_dict(unwrap(model).state_dict())
+            ref_prompts.clear()                                                 # its prompt passes are stale now
 
         # ---- log (and a sample now and then), checkpoint
         stats.update({f"credit/{k}": sum(p[k] for p in parts) / N for k in (parts[0] if parts else {})})

@@ -42,6 +42,30 @@ def test_logprobs_equal_naive_log_softmax(arch, temperature, tiny_model, tiny_qw
     torch.testing.assert_close(ent, naive_ent * mask, rtol=0, atol=1e-10)
 
 
+def test_reference_prompt_memo_runs_the_prompt_once_and_changes_nothing(tiny_qwen):
+    """prompt_memo (the reference's, in train()) keeps the prompt pass: later calls skip it and give the same bits."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen).double().eval()
+    ids = torch.randint(6, model.config.vocab_size, (4, 13))
+    ids[:, :7] = ids[0, :7]                                                          # one prompt, 4 completions
+    mask = torch.ones(4, 6)
+    mask[2, 2:] = 0
+    calls = []
+    model.register_forward_pre_hook(lambda m, a, kw: calls.append(kw["input_ids"].shape), with_kwargs=True)
+    with torch.no_grad():
+        plain = tg.token_logprobs(model, ids, 7, mask, 0.8)[0]
+        memo = {}
+        first, again = (tg.token_logprobs(model, ids, 7, mask, 0.8, prompt_memo=memo)[0] for _ in range(2))
+        other = ids.clone()
+        other[:, 7:] = torch.randint(6, model.config.vocab_size, (4, 6))             # new completions, same prompt
+        assert torch.equal(tg.token_logprobs(model, other, 7, mask, 0.8, prompt_memo=memo)[0],
+                           tg.token_logprobs(model, other, 7, mask, 0.8)[0])
+    assert torch.equal(first, plain) and torch.equal(again, plain)
+    prompt_passes = [s for s in calls if tuple(s) == (1, 7)]
+    assert len(prompt_passes) == 3 and len(memo) == 1                   # plain, the memo's first, the last plain call
+    assert next(iter(memo.values()))[1].layers[0].keys.shape[0] == 1   # the memo's cache is still one row
+
+
 @pytest.mark.parametrize("same_prompt", [False, True])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_logprob_gradients_match_naive(arch, same_prompt, tiny_model, tiny_qwen):
