@@ -497,10 +497,19 @@ def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128):
 def unwrap(model):  # DDP and DeepSpeed keep the HF model in .module
     return getattr(model, "module", model)
 
+ROWS_PER_PASS = 4  # rows of like length per forward in token_logprobs (README: Performance, CPU)
+
+def repeat_cache(cache, n):  # n rows of a one-row prompt cache, which stays as it is (a memo, or part of the graph)
+    rows = copy.copy(cache)
+    rows.layers = [copy.copy(layer) for layer in getattr(cache, "layers", [])]
+    rows.batch_repeat_interleave(n)                                                     # [1, ...] -> [n, ...]
+    return rows
+
 def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, prompt_memo=None):
     """Log-probs [B, T] (and entropy, ppo values) of the completion tokens ids[:, n_prompt:].
-    When every row has the same prompt it runs once (batch 1) and its KV cache is repeated for the B completions;
-    gradients still reach the prompt's keys and values through the repeat, so this is exact, just cheaper.
+    When every row has the same prompt it runs once (batch 1) and its KV cache is repeated for the B completions,
+    which run in passes of ROWS_PER_PASS rows of like length, each pass as long as its longest row; gradients still
+    reach the prompt's keys and values through the repeat, so this is exact, just cheaper.
     prompt_memo (a dict, for a model whose weights stay fixed: the reference) keeps that prompt pass across calls."""
     checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())  # the reference too:
     shared = not checkpointing and bool((ids[:, :n_prompt] == ids[:1, :n_prompt]).all())  # one path, same rounding
@@ -510,11 +519,16 @@ def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, p
             first = model(input_ids=ids[:1, :n_prompt], output_hidden_states=True, logits_to_keep=1, use_cache=True)
             memo[key] = first.hidden_states[-1][:, -1:], first.past_key_values          # [1, 1, H], the prompt's KV
         h_prompt, cache = memo[key]
-        cache = cache if prompt_memo is None else copy.deepcopy(cache)                 # the memo's stays [1, ...]
-        cache.batch_repeat_interleave(ids.shape[0])                                     # [1, ...] -> [B, ...]
-        rest = model(input_ids=ids[:, n_prompt:-1], past_key_values=cache, output_hidden_states=True, logits_to_keep=1,
-                     use_cache=True)
-        h = torch.cat([h_prompt.expand(len(ids), -1, -1), rest.hidden_states[-1]], 1)  # [B, T, H]
+        lengths, parts = mask.sum(1).long(), []                                         # [B]
+        order = lengths.argsort(stable=True)                                            # [B] shortest first
+        for rows in order.split(ROWS_PER_PASS):  # each pass runs to its longest row only: no compute on padding
+            L, h = int(lengths[rows].max()), h_prompt.expand(len(rows), -1, -1)        # [r, 1, H] predicts y_0
+            if L > 1:
+                rest = model(input_ids=ids[rows, n_prompt:n_prompt + L - 1], past_key_values=repeat_cache(cache,
+                             len(rows)), output_hidden_states=True, logits_to_keep=1, use_cache=True)
+                h = torch.cat([h, rest.hidden_states[-1]], 1)                           # [r, L, H]
+            parts.append(F.pad(h, (0, 0, 0, mask.shape[1] - L)))                        # [r, T, H] zeros after L
+        h = torch.cat(parts)[order.argsort()]                                           # [B, T, H] rows in order
     else:
         out = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
         h = out.hidden_states[-1][:, n_prompt - 1:-1]                                   # [B, T, H] predict y_t

@@ -93,6 +93,33 @@ def test_logprob_gradients_match_naive(arch, same_prompt, tiny_model, tiny_qwen)
         torch.testing.assert_close(a, p.grad, rtol=rtol, atol=atol)
 
 
+
+def test_logprob_passes_skip_padding_and_change_nothing(tiny_qwen, monkeypatch):
+    """Rows of one prompt run in passes of ROWS_PER_PASS rows of like length, each only up to its longest row: the
+    values and gradients equal the naive full forward, the rows come back in their order, and no pass runs padding."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen).double()
+    monkeypatch.setattr(tg, "ROWS_PER_PASS", 2)
+    torch.manual_seed(1)
+    P, T, lengths = 5, 9, [9, 2, 6, 1, 4, 9]                           # 3 passes: (1, 2), (4, 6), (9, 9)
+    ids = torch.randint(6, model.config.vocab_size, (6, P + T))
+    ids[:, :P] = ids[0, :P]
+    mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).double()            # [6, T]
+    widths = []
+    model.register_forward_pre_hook(lambda m, a, kw: widths.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    lp, ent, _ = tg.token_logprobs(model, ids, P, mask, 0.8)
+    assert widths == [(1, P), (2, 1), (2, 5), (2, 8)]                  # the prompt once, then each pass to its end
+    (lp * torch.arange(1.0, 7.0, dtype=torch.float64)[:, None]).sum().backward()       # a different weight per row
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logits = model(input_ids=ids).logits[:, P - 1:-1] / 0.8                             # [6, T, V] the naive way
+    naive = torch.log_softmax(logits, -1).gather(-1, ids[:, P:, None]).squeeze(-1) * mask
+    naive_ent = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1) * mask
+    torch.testing.assert_close(lp, naive, rtol=0, atol=1e-10)
+    torch.testing.assert_close(ent, naive_ent, rtol=0, atol=1e-10)
+    (naive * torch.arange(1.0, 7.0, dtype=torch.float64)[:, None]).sum().backward()
+    for a, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-6, atol=1e-6)   # as the shared-prompt test above
 def _cfg(**kw):
     cfg = tg.Config(model="/x", **kw)
     return tg.resolve(cfg, cuda=False)
