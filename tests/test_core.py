@@ -93,7 +93,6 @@ def test_logprob_gradients_match_naive(arch, same_prompt, tiny_model, tiny_qwen)
         torch.testing.assert_close(a, p.grad, rtol=rtol, atol=atol)
 
 
-
 def test_logprob_passes_skip_padding_and_change_nothing(tiny_qwen, monkeypatch):
     """Rows of one prompt run in passes of ROWS_PER_PASS rows of like length, each only up to its longest row: the
     values and gradients equal the naive full forward, the rows come back in their order, and no pass runs padding."""
@@ -120,6 +119,8 @@ def test_logprob_passes_skip_padding_and_change_nothing(tiny_qwen, monkeypatch):
     (naive * torch.arange(1.0, 7.0, dtype=torch.float64)[:, None]).sum().backward()
     for a, p in zip(grads, model.parameters()):
         torch.testing.assert_close(a, p.grad, rtol=1e-6, atol=1e-6)   # as the shared-prompt test above
+
+
 def _cfg(**kw):
     cfg = tg.Config(model="/x", **kw)
     return tg.resolve(cfg, cuda=False)
