@@ -45,7 +45,7 @@ PRESETS = {  # the defaults that depend on the machine; any flag you pass wins o
                 learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3, worked_example=False, curriculum=False,
                 truncation_penalty=0.0, entropy_coef=0.0),
     "cpu": dict(model="bundled:SmolLM2-135M-Instruct", group_size=8, prompts_per_step=1, max_new_tokens=192,
-                temperature=0.8, learning_rate=2e-5, num_steps=90, beta=0.02, inner_epochs=1, worked_example=True,
+                temperature=0.8, learning_rate=2e-5, num_steps=120, beta=0.02, inner_epochs=1, worked_example=True,
                 curriculum=True, truncation_penalty=0.1, entropy_coef=0.0),
 }
 OBJECTIVE_DEFAULTS = {  # objective-specific defaults, applied before the presets (flags still win)
