@@ -26,12 +26,12 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
     DeepSpeed bf16 keeps bf16 weights and fp32 masters. The reference copies the policy's dtypes tensor by tensor,
     so the KL is exactly 0 before the first update.
  9. On CPU the 135M model first sees one solved instance of the same problem family (other numbers); every other
-    step asks one half of the problem (one breakpoint, its own answer: a curriculum); and a completion cut at
-    max_new_tokens loses --truncation_penalty from the reward it learns from: shaping, logged apart. reward/mean is
-    always the task reward of the problem itself (README: What to expect).
+    step asks one half of the problem (one breakpoint, its own answer: a curriculum), sampled at T = 0.5 from step 56
+    on (log-probs too); and a completion cut at max_new_tokens loses --truncation_penalty from the reward it learns
+    from: shaping, logged apart. reward/mean is always the task reward of the problem itself (README: What to expect).
 """
 import copy, functools, json, math, os, re, resource, shutil, sys, time, weakref
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -45,8 +45,9 @@ PRESETS = {  # the defaults that depend on the machine; any flag you pass wins o
                 learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3, worked_example=False, curriculum=False,
                 truncation_penalty=0.0, entropy_coef=0.0),
     "cpu": dict(model="bundled:SmolLM2-135M-Instruct", group_size=8, prompts_per_step=1, max_new_tokens=192,
-                temperature=0.8, learning_rate=2e-5, num_steps=120, beta=0.02, inner_epochs=1, worked_example=True,
-                curriculum=True, truncation_penalty=0.1, entropy_coef=0.0),
+                temperature=0.8, learning_rate=2e-5, num_steps=90, beta=0.02, inner_epochs=1, worked_example=True,
+                curriculum=True, truncation_penalty=0.1, entropy_coef=0.0, halves_temperature=0.5,
+                halves_temperature_from=56),
 }
 OBJECTIVE_DEFAULTS = {  # objective-specific defaults, applied before the presets (flags still win)
     "dapo": dict(clip_eps_high=0.28), "gspo": dict(clip_eps=3e-4, clip_eps_high=4e-4),
@@ -78,6 +79,8 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     worked_example: Optional[bool] = flag(None, "show a solved instance of another problem before the task")
     curriculum: Optional[bool] = flag(None, "every other step asks one half of the problem (§2 CURRICULUM)")
     truncation_penalty: Optional[float] = flag(None, "shaping taken from the learning reward of a truncated completion")
+    halves_temperature: Optional[float] = flag(None, "curriculum: the halves' temperature from the step below on")
+    halves_temperature_from: Optional[int] = flag(None, "curriculum: the step where --halves_temperature starts")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
     entropy_coef: Optional[float] = flag(None, "entropy bonus coefficient")
     ref_update_every: int = flag(0, "copy the policy into the reference every N steps (0: never)")
@@ -117,6 +120,8 @@ def resolve(cfg: Config, cuda: bool) -> Config:
     cfg.clip_eps = 0.2 if cfg.clip_eps is None else cfg.clip_eps
     cfg.clip_eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
     cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size if cfg.minibatch_size is None else cfg.minibatch_size
+    cfg.halves_temperature = cfg.halves_temperature or cfg.temperature
+    cfg.halves_temperature_from = cfg.halves_temperature_from or 0
     tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
     cfg.run_name = cfg.run_name or f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
     return cfg
@@ -125,9 +130,9 @@ RULES = [  # (flags, allowed?, what is allowed)
     ("group_size", lambda v: v >= 2, "G must be >= 2 (a group needs a baseline)"),
     ("prompts_per_step max_new_tokens num_steps inner_epochs minibatch_size keep_last max_bad_updates",
      lambda v: v >= 1, "must be a positive integer"),
-    ("learning_rate temperature clip_eps clip_eps_high vf_clip", lambda v: 0 < v < math.inf,
+    ("learning_rate temperature halves_temperature clip_eps clip_eps_high vf_clip", lambda v: 0 < v < math.inf,
      "must be a finite number > 0"),
-    ("beta truncation_penalty max_grad_norm entropy_coef vf_coef save_every ref_update_every",
+    ("beta truncation_penalty max_grad_norm entropy_coef vf_coef save_every ref_update_every halves_temperature_from",
      lambda v: 0 <= v < math.inf, "must be a finite number >= 0"),
     ("seed", lambda v: 0 <= v < 2 ** 32, "must be an integer in [0, 2**32)"),
     ("gamma", lambda v: 0 < v <= 1, "must be in (0, 1]"), ("lam", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
@@ -305,6 +310,9 @@ HALVES = {  # name: (statement, worked example, its solution, the CREDIT steps t
              ("x=-2", "f(-2)", "left(-2)", "eq(-2)", "b"), ANSWER["b"]),
 }
 CURRICULUM = ["main", "left", "main", "right"]  # half of the steps train on PROBLEM itself
+
+def temperature_of(cfg, task, step):  # the halves may sample cooler later on (README: What to expect)
+    return cfg.halves_temperature if task != "main" and step >= cfg.halves_temperature_from else cfg.temperature
 
 def credits(text: str, task="main") -> dict:
     """{name: earned?} for each step of CREDIT (a half of the problem: its own steps, and its own answer boxed)."""
@@ -896,10 +904,11 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         t0, task = time.time(), tasks[step % len(tasks)]              # a step asks one prompt (the problem or a half)
         prompt, P = prompts[task], prompts[task].shape[1]                                  # [1, P]
         score = reward_fn if task == "main" else functools.partial(toy_reward, task=task)
+        c = replace(cfg, temperature=temperature_of(cfg, task, step))  # this step's config: cfg, or its T for a half
         # ---- 1. Generate: N completions of the prompt, sampled at temperature T
         model.eval()
         with acc.autocast():
-            seqs = sample(unwrap(model), prompt, N, cfg, eos, pad_id).clone()              # [N, P+T]
+            seqs = sample(unwrap(model), prompt, N, c, eos, pad_id).clone()                # [N, P+T]
         mask, truncated = completion_mask(seqs[:, P:], eos)                                # [N, T], [N]
         t1 = time.time()
 
@@ -912,10 +921,10 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         # ---- 3. KL: log-probs of the sampled tokens under pi_old and pi_ref, at temperature T
         model.train()
         with acc.autocast(), torch.no_grad():
-            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, cfg.temperature,
+            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, c.temperature,
                                                              prompt_memo=ref_prompts)[0]                # [N, T]
         with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is the update's
-            cached = token_logprobs(model, seqs, P, mask, cfg.temperature, cfg.objective == "ppo")
+            cached = token_logprobs(model, seqs, P, mask, c.temperature, cfg.objective == "ppo")
         old_lp, ent, old_values = (x.detach() if x is not None else None for x in cached)  # [N, T] each
         kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
         t3 = time.time()
@@ -930,7 +939,7 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         # ---- 5. Update: mu epochs over minibatches, one clipped AdamW step each
         batch = dict(seqs=seqs, old_lp=old_lp, ref_lp=ref_lp, mask=mask, adv=A, R=R_learn, old_values=old_values,
                      returns=returns)
-        stats, bad_in_a_row = update(acc, model, opt, batch, cached if single_update else None, P, cfg, bad_in_a_row)
+        stats, bad_in_a_row = update(acc, model, opt, batch, cached if single_update else None, P, c, bad_in_a_row)
         del cached
         if stats is None:
             log.say(f"stopping: {bad_in_a_row} non-finite losses or gradients in a row at step {step}")
