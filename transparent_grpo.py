@@ -79,7 +79,7 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     worked_example: Optional[bool] = flag(None, "show a solved instance of another problem before the task")
     curriculum: Optional[bool] = flag(None, "every other step asks one half of the problem (§2 CURRICULUM)")
     truncation_penalty: Optional[float] = flag(None, "shaping taken from the learning reward of a truncated completion")
-    halves_temperature: Optional[float] = flag(None, "curriculum: the halves' temperature from the step below on")
+    halves_temperature: Optional[float] = flag(None, "curriculum: the halves' T from --halves_temperature_from on")
     halves_temperature_from: Optional[int] = flag(None, "curriculum: the step where --halves_temperature starts")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
     entropy_coef: Optional[float] = flag(None, "entropy bonus coefficient")
@@ -904,11 +904,11 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         t0, task = time.time(), tasks[step % len(tasks)]              # a step asks one prompt (the problem or a half)
         prompt, P = prompts[task], prompts[task].shape[1]                                  # [1, P]
         score = reward_fn if task == "main" else functools.partial(toy_reward, task=task)
-        c = replace(cfg, temperature=temperature_of(cfg, task, step))  # this step's config: cfg, or its T for a half
+        step_cfg = replace(cfg, temperature=temperature_of(cfg, task, step))  # cfg with this step's T (dep. 9)
         # ---- 1. Generate: N completions of the prompt, sampled at temperature T
         model.eval()
         with acc.autocast():
-            seqs = sample(unwrap(model), prompt, N, c, eos, pad_id).clone()                # [N, P+T]
+            seqs = sample(unwrap(model), prompt, N, step_cfg, eos, pad_id).clone()         # [N, P+T]
         mask, truncated = completion_mask(seqs[:, P:], eos)                                # [N, T], [N]
         t1 = time.time()
 
@@ -921,10 +921,10 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         # ---- 3. KL: log-probs of the sampled tokens under pi_old and pi_ref, at temperature T
         model.train()
         with acc.autocast(), torch.no_grad():
-            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, c.temperature,
+            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, step_cfg.temperature,
                                                              prompt_memo=ref_prompts)[0]                # [N, T]
         with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is the update's
-            cached = token_logprobs(model, seqs, P, mask, c.temperature, cfg.objective == "ppo")
+            cached = token_logprobs(model, seqs, P, mask, step_cfg.temperature, cfg.objective == "ppo")
         old_lp, ent, old_values = (x.detach() if x is not None else None for x in cached)  # [N, T] each
         kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
         t3 = time.time()
@@ -939,7 +939,8 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         # ---- 5. Update: mu epochs over minibatches, one clipped AdamW step each
         batch = dict(seqs=seqs, old_lp=old_lp, ref_lp=ref_lp, mask=mask, adv=A, R=R_learn, old_values=old_values,
                      returns=returns)
-        stats, bad_in_a_row = update(acc, model, opt, batch, cached if single_update else None, P, c, bad_in_a_row)
+        stats, bad_in_a_row = update(acc, model, opt, batch, cached if single_update else None, P, step_cfg,
+                                     bad_in_a_row)
         del cached
         if stats is None:
             log.say(f"stopping: {bad_in_a_row} non-finite losses or gradients in a row at step {step}")

@@ -221,18 +221,19 @@ def test_curriculum_asks_each_half_on_its_own_steps(tiny_model, tmp_path, monkey
 
 
 def test_halves_sample_and_score_at_their_own_temperature(tiny_model, tmp_path, monkeypatch):
-    """--halves_temperature 0.5 --halves_temperature_from 2: steps 0-2 at T = 0.9, step 3 (the right half) at 0.5, for
-    its samples and for both log-prob passes (the reference's and the policy's), so pi_old is what was sampled."""
+    """--halves_temperature 0.5 --halves_temperature_from 3: steps 0-2 at T = 0.9 (step 1 is a half, before the switch),
+    step 3 (the right half) at 0.5, for its samples and for every log-prob pass (the reference's, pi_old's, and the
+    update's own at mu = 2), so pi_old is what was sampled and the update's ratio compares like with like."""
     sampled, scored, sample, token_logprobs = [], [], tg.sample, tg.token_logprobs
     monkeypatch.setattr(tg, "sample", lambda m, p, n, cfg, *a: sampled.append(cfg.temperature) or
                         sample(m, p, n, cfg, *a))
     monkeypatch.setattr(tg, "token_logprobs", lambda m, ids, P, mask, T, *a, **kw: scored.append(T) or
                         token_logprobs(m, ids, P, mask, T, *a, **kw))
     cfg = tg.resolve(tg.Config(model=tiny_model, group_size=4, max_new_tokens=8, num_steps=4, curriculum=True,
-                               temperature=0.9, halves_temperature=0.5, halves_temperature_from=2,
+                               temperature=0.9, halves_temperature=0.5, halves_temperature_from=3, inner_epochs=2,
                                output_dir=str(tmp_path), log_dir=str(tmp_path), run_name="h"), cuda=False)
     tg.validate(cfg)
     tg.train(cfg)
-    assert sampled == [0.9, 0.9, 0.9, 0.5] and scored == [0.9] * 6 + [0.5] * 2
+    assert sampled == [0.9, 0.9, 0.9, 0.5] and scored == [0.9] * 12 + [0.5] * 4   # 4 passes a step
     plain = tg.resolve(tg.Config(temperature=0.7, curriculum=True), cuda=True)
     assert [tg.temperature_of(plain, t, 100) for t in ("main", "left", "right")] == [0.7, 0.7, 0.7]  # no flag: T
