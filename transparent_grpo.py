@@ -120,8 +120,8 @@ def resolve(cfg: Config, cuda: bool) -> Config:
     cfg.clip_eps = 0.2 if cfg.clip_eps is None else cfg.clip_eps
     cfg.clip_eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
     cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size if cfg.minibatch_size is None else cfg.minibatch_size
-    cfg.halves_temperature = cfg.halves_temperature or cfg.temperature
-    cfg.halves_temperature_from = cfg.halves_temperature_from or 0
+    cfg.halves_temperature = cfg.temperature if cfg.halves_temperature is None else cfg.halves_temperature
+    cfg.halves_temperature_from = 0 if cfg.halves_temperature_from is None else cfg.halves_temperature_from
     tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
     cfg.run_name = cfg.run_name or f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
     return cfg

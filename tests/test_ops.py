@@ -32,6 +32,8 @@ BAD = [  # (flags, text the one-line error must contain); {tmp} is a scratch fol
     (["--learning_rate", "0"], "--learning_rate=0.0"),
     (["--learning_rate=-1e-5"], "--learning_rate=-1e-05"),
     (["--temperature", "0"], "--temperature=0.0"),
+    (["--halves_temperature", "0"], "--halves_temperature=0.0"),
+    (["--halves_temperature_from", "-1"], "--halves_temperature_from=-1"),
     (["--prompts_per_step", "0"], "--prompts_per_step=0"),
     (["--group_size", "8", "--minibatch_size", "3"], "--minibatch_size=3"),
     (["--minibatch_size", "0"], "--minibatch_size=0"),
