@@ -142,6 +142,18 @@ def test_k1_in_reward_scales_with_beta_when_rewards_tie():
     torch.testing.assert_close(upstream(0.02)[0], upstream(0.04)[0])
 
 
+def test_a_tied_group_gets_exactly_zero_task_advantage_in_float32():
+    """Every reward the credit table can give (the problem's k/20, a half's k/13, minus the truncation penalty), tied
+    across a group in float32: the group's mean can miss R by one rounding (0.7: 6e-8), and dividing that by the std's
+    floor of 1e-6 gave every sample the same advantage of up to 0.06, a push towards whatever the group sampled."""
+    values = [k / 20 for k in range(21)] + [k / 13 for k in range(14)]
+    for v in values + [v - 0.1 for v in values]:
+        R = torch.full((1, 8), v, dtype=torch.float32)
+        assert torch.all(tg.ADVANTAGES["zscore"](R) == 0), v
+    R = torch.tensor([[0.7] * 7 + [0.65]])                                              # one differs: z-scored
+    torch.testing.assert_close(tg.ADVANTAGES["zscore"](R), (R - R.mean()) / R.std())
+
+
 def test_sequence_kl_is_detached():
     lp = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     kl_tok, kl_seq = tg.sequence_kl(lp, torch.zeros(3, 4, dtype=torch.float64), torch.ones(3, 4), "k1")
