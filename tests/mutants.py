@@ -27,8 +27,9 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
                             ("kl_tok = KL_ESTIMATORS[estimator](l) * mask", "kl_tok = KL_ESTIMATORS[estimator](l)")],
     "gae_no_mask": ("last = (delta + gamma * lam * last) * mask[:, t]", "last = delta + gamma * lam * last"),
     "k1_in_reward_not_detached": ("l = (lp - ref_lp).detach() * mask", "l = (lp - ref_lp) * mask"),
-    "advantage_sign": ('"zscore": lambda R: (R - R.mean(1, keepdim=True))',
-                       '"zscore": lambda R: (R.mean(1, keepdim=True) - R)'),
+    "advantage_sign": ("torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True))",
+                       "torch.where(std < 1e-6, 0.0, (R.mean(1, keepdim=True) - R)"),
+    "tied_group_pushed": ("torch.where(std < 1e-6, 0.0,", "torch.where(std < 0, 0.0,"),  # the float32 tie residue
     "kl_loo_includes_self": ("* G / (G - 1)", "* 1"),
     "clip_high_uses_low_eps": ("r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps_high)",
                                "r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)"),
