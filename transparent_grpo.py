@@ -552,7 +552,8 @@ KL_ESTIMATORS = {  # per-token estimate of KL(pi || pi_ref) from l = logpi(y_t) 
     "k3": lambda l: torch.exp(-l) - 1 + l,                  # unbiased and >= 0; in the loss: forward-KL gradient
     "k3+": lambda l: (torch.exp(-l) - 1 + l).detach() + 0.5 * l ** 2 - (0.5 * l ** 2).detach(),  # k3 value, k2 grad
 }
-def zscore(R):  # (R - mean) / std per group; a tied group gets exactly 0: its float32 mean may miss R by 1e-8
+
+def zscore(R):  # (R - mean) / std per group; a tied group gets exactly 0 (its float32 mean can miss R by one rounding)
     std = R.std(1, keepdim=True)                                                        # [P, 1]
     return torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True)) / std.clamp(min=1e-6))  # [P, G]
 
