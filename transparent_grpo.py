@@ -950,6 +950,7 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         del cached
         if stats is None:
             log.say(f"stopping: {bad_in_a_row} non-finite losses or gradients in a row at step {step}")
+            acc.wait_for_everyone()  # gloo must be done with the last gather first, or the exit below can deadlock
             acc.end_training()
             raise SystemExit(3)
         if cfg.ref_update_every and (step + 1) % cfg.ref_update_every == 0:

@@ -173,11 +173,16 @@ def small_cfg(model, tmp_path, **kw):
     return cfg
 
 
-def test_non_finite_updates_are_skipped_then_the_run_stops(tiny_model, tmp_path):
+def test_non_finite_updates_are_skipped_then_the_run_stops(tiny_model, tmp_path, monkeypatch):
+    import accelerate
+    calls = []  # the stop must meet at a barrier before the teardown: gloo could deadlock at exit otherwise
+    for name in ("wait_for_everyone", "end_training"):
+        method = getattr(accelerate.Accelerator, name)
+        monkeypatch.setattr(accelerate.Accelerator, name, lambda self, m=method, n=name: (calls.append(n), m(self))[1])
     cfg = small_cfg(tiny_model, tmp_path, num_steps=5, max_bad_updates=3, inner_epochs=1)
     with pytest.raises(SystemExit) as stop:
         tg.train(cfg, reward_fn=lambda text: float("nan"))
-    assert stop.value.code == 3
+    assert stop.value.code == 3 and calls[-2:] == ["wait_for_everyone", "end_training"]
     assert "stopping: 3 non-finite" in open(tmp_path / "r.log").read()
     rows = [json.loads(ln) for ln in open(tmp_path / "r.jsonl")]
     assert [r["optim/skipped_updates"] for r in rows] == [1.0, 1.0]  # steps 0 and 1 logged, step 2 stopped
