@@ -25,10 +25,10 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
  8. Precision: one GPU keeps fp32 weights under bf16 autocast (an AdamW step of lr 2e-6 vanishes in a bf16 weight);
     DeepSpeed bf16 keeps bf16 weights and fp32 masters. The reference copies the policy's dtypes tensor by tensor,
     so the KL is exactly 0 before the first update.
- 9. On CPU the 135M model first sees one solved instance of the family (other numbers, but the left half's keeps
-    x = -2 and x - 5); every other step asks one half of the problem (one breakpoint, its own answer: a curriculum),
-    at T = 0.5 from step 56 on (log-probs too); a truncated completion loses --truncation_penalty from the reward it
-    learns from: shaping, logged apart. reward/mean is always the problem's task reward (README: What to expect).
+ 9. On CPU the 135M model first sees one solved instance of the same problem family (other numbers); every other
+    step asks one half of the problem (one breakpoint, its own answer: a curriculum), sampled at T = 0.5 from step 56
+    on (log-probs too); and a completion cut at max_new_tokens loses --truncation_penalty from the reward it learns
+    from: shaping, logged apart. reward/mean is always the task reward of the problem itself (README: What to expect).
 """
 import copy, functools, json, math, os, re, resource, shutil, sys, time, weakref
 from dataclasses import asdict, dataclass, field, replace
@@ -305,9 +305,8 @@ HALVES = {  # name: (statement, worked example, its solution, the CREDIT steps t
               "The function must be continuous at x = 3.\n" + EXAMPLE_STEPS[0] + "\nSo the answer is \\boxed{-2}.",
               ("x=2", "f(2)", "right(2)", "eq(2)", "a"), ANSWER["a"]),
     "left": (piecewise(["x-5 &\\text{ if } x \\ge -2,", "2x-b &\\text{ if } x <-2."], "b"),
-             piecewise(["x-5 &\\text{ if } x \\ge -2,", "3x-d &\\text{ if } x <-2."], "d"),  # the task's x = -2, x - 5
-             "The function must be continuous at x = -2.\nAt x = -2: the left piece is 3(-2) - d = -6 - d and the "
-             "middle piece is -2 - 5 = -7. So -6 - d = -7, -d = -1, d = 1.\nSo the answer is \\boxed{1}.",
+             piecewise(["x-4 &\\text{ if } x \\ge -3,", "3x-d &\\text{ if } x <-3."], "d"),
+             "The function must be continuous at x = -3.\n" + EXAMPLE_STEPS[1] + "\nSo the answer is \\boxed{-2}.",
              ("x=-2", "f(-2)", "left(-2)", "eq(-2)", "b"), ANSWER["b"]),
 }
 CURRICULUM = ["main", "left", "main", "right"]  # half of the steps train on PROBLEM itself

@@ -128,7 +128,7 @@ def test_halves_are_the_problem_with_one_breakpoint_and_main_is_unchanged():
         assert f"\\boxed{{{answer:g}}}" in (RIGHT if half == "right" else LEFT)
         assert example.count("\\text{ if }") == 2 and example != problem                  # another instance
         c_or_d = tg.final_boxed(solution)                                # the example boxes its own c or d, and it
-        assert 3 * c_or_d + 5 == 3 - 4 if half == "right" else 3 * (-2) - c_or_d == -2 - 5  # solves the example
+        assert 3 * c_or_d + 5 == 3 - 4 if half == "right" else 3 * (-3) - c_or_d == -3 - 4  # solves the example
         assert list(tg.credits("", half)) == [*steps, "boxed"]
         assert tg.toy_messages(True, half)[-1]["content"] == problem
     assert tg.toy_messages(True)[-1]["content"] == tg.PROBLEM and set(tg.CURRICULUM) == {"main", *tg.HALVES}
