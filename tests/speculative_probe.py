@@ -11,7 +11,7 @@ the textbook residual max(p - q, 0) for a one-hot q.) It pays only if the tokens
 of a forward of k + 1 tokens per row in units of a 1-token decode step. This probe measures both:
   1. the cost: one decode forward of 8 rows with 1 .. 16 tokens each, after the 420-token prompt and 100 tokens;
   2. the yield: 8 rows x 192 tokens sampled by the rule above, per prompt, temperature, k and draft corpus, as
-     tokens per forward when all rows advance together (by the shortest run: one KV cache length) and the mean run
+     positions per forward when all rows advance together (by the shortest run: one KV cache length) and the mean run
      + 1 per row (what a ragged cache, one length per row, would get).
 Not collected by pytest. The README (Performance, CPU) quotes its output.
 """
