@@ -11,8 +11,9 @@ the textbook residual max(p - q, 0) for a one-hot q.) It pays only if the tokens
 of a forward of k + 1 tokens per row in units of a 1-token decode step. This probe measures both:
   1. the cost: one decode forward of 8 rows with 1 .. 16 tokens each, after the 420-token prompt and 100 tokens;
   2. the yield: 8 rows x 192 tokens sampled by the rule above, per prompt, temperature, k and draft corpus, as
-     positions per forward when all rows advance together (by the shortest run: one KV cache length) and the mean run
-     + 1 per row (what a ragged cache, one length per row, would get).
+     positions per forward when all rows advance together (by the shortest run: one KV cache length), and the mean
+     run + 1 per row of those same forwards (an estimate, not a run, of what a ragged cache, one length per row, would
+     keep: its drafts would come from other prefixes).
 Not collected by pytest. The README (Performance, CPU) quotes its output.
 """
 import argparse, functools, os, sys, time
@@ -89,8 +90,8 @@ def main():
         model(input_ids=torch.randint(0, 1000, (8, 100)), past_key_values=cache, use_cache=True, logits_to_keep=1)
         n_cached, cost = cache.layers[0].len, {}
         for weight_major in (True, False):
-            for m in linears:
-                m.forward = functools.partial(tg.weight_major_linear, m) if weight_major else m.forward
+            for m in linears if weight_major else []:                                   # as --sampler fast decodes
+                m.forward = functools.partial(tg.weight_major_linear, m)
             for j in (1, 2, 4, 8, 12, 16):
                 times = []
                 for _ in range(5):
