@@ -253,9 +253,9 @@ EXAMPLE_SOLUTION = ("The function must be continuous at x = 3 and x = -3.\n" + "
                     "\nSo c + d = -2 + (-2) = -4, and the answer is \\boxed{-4}.")
 ANSWER = {"a": -3.0, "b": 3.0, "a+b": 0.0}  # continuity at x=2: 2a+3 = -3; at x=-2: -4-b = -7
 
-# A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a") or on the right
-# ("= -30", "= -3.5", "= -3x", "= -3 + b", "= -3 (a"): a digit, a variable or an operator there makes another statement.
-BEFORE = r"(?<![\w.)}^*/+\-\\])(?<![\d)}^*/+\-] )"
+# A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a", "2b - b") or on
+# the right ("= -30", "= -3.5", "= -3x", "= -3 + b", "= -3 (a"): a digit, a variable or an operator makes another one.
+BEFORE = r"(?<![\w.)}^*/+\-\\])(?<![\d)}^*/+\-] )(?<!(?<![A-Za-z])[A-Za-z] )"
 AFTER = r"(?!\.?\d|[A-Za-z_({^])(?! ?(?:[+\-*/^(\d]|\\(?:cdot|times|div)|[A-Za-z](?![A-Za-z])))"
 
 def expr(alternatives):  # "2a + 3 | a(2) + 3" -> one pattern; spacing is free, each token must match

@@ -79,6 +79,9 @@ CASES = [  # (completion, exact reward)
     # ... nor the left side: "5 + 2a + 3 = -3" is not "2a + 3 = -3", "-b = 3" is not "b = 3"
     ("5 + 2a + 3 = -3", 0.0), ("-2a + 3 = -3", 0.0), ("2 -4 - b = -7", 0.0), ("-b = 3", 0.0), ("-a = -3", 0.0),
     ("a - b = 3", 0.0), ("2 * b = 3", 0.0), ("ab = -3", 0.0),
+    ("2b - b = -3", 0.0), ("a - b = -3", 0.0), ("2a - b = -3", 0.0), ("x -b = -3", 0.0), ("c 2a + 3 = -3", 0.0),  # (*)
+    ("So -b = -3", 0.10), ("and b = 3", 0.10), ("so 2a + 3 = -3", 0.15),  # a word before it is no operand
+    # (*) "the middle piece is 2b - b = -3" earned the equation at x = -2 in a CPU run (explore-lr1.5e-5-150-seed0)
     # what may follow: punctuation, a closing $ or \), a word, "=" of a chain, a new line, the end
     ("2a + 3 = -3, so a = -3.", 0.25), ("$2a+3=-3$", 0.15), ("2a + 3 = -3\\)", 0.15), ("b = 3 is", 0.10),
     ("2a + 3 = -3\na = -3", 0.25), ("a=-3,b=3", 0.20), ("so -4 - b = -7", 0.15), ("-2 - 5 = -7 = -4 - b", 0.20),
@@ -109,7 +112,7 @@ HALF_CASES = [  # (completion, half, exact reward): a half counts its own steps 
     ("\\boxed{a = -3}", "right", 0.10 / 0.65), ("\\boxed{-3}", "left", 0.0),          # a = -3 earns a, not the box
     ("a = -3", "right", 0.10 / 0.65), ("b = 3", "left", 0.10 / 0.65), ("b = 3", "right", 0.0),
     ("2a + 3 = -3x", "right", 0.05 / 0.65), ("-4 - b = -7b", "left", 0.05 / 0.65),   # the same strict patterns
-    ("f(2) = -3a", "right", 0.0), ("a = -3.5", "right", 0.0), ("-b = 3", "left", 0.0),
+    ("f(2) = -3a", "right", 0.0), ("a = -3.5", "right", 0.0), ("-b = 3", "left", 0.0), ("2b - b = -3", "left", 0.0),
     ("\\boxed{0} so \\boxed{-3}", "right", 0.0), ("b = 0, b = 3", "left", 0.0),     # hedges earn nothing here too
 ]
 
