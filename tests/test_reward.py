@@ -81,6 +81,7 @@ CASES = [  # (completion, exact reward)
     ("a - b = 3", 0.0), ("2 * b = 3", 0.0), ("ab = -3", 0.0),
     ("2b - b = -3", 0.0), ("a - b = -3", 0.0), ("2a - b = -3", 0.0), ("x -b = -3", 0.0), ("c 2a + 3 = -3", 0.0),  # (*)
     ("So -b = -3", 0.10), ("and b = 3", 0.10), ("so 2a + 3 = -3", 0.15),  # a word before it is no operand
+    ("2a - 3 = 2a + 3", 0.05),  # holds no "-3 = 2a + 3": the old rule paid it in seed 1's run (defaults-seed1-fc1ab92)
     # (*) "the middle piece is 2b - b = -3" earned the equation at x = -2 in a CPU run (explore-lr1.5e-5-150-seed0)
     # what may follow: punctuation, a closing $ or \), a word, "=" of a chain, a new line, the end
     ("2a + 3 = -3, so a = -3.", 0.25), ("$2a+3=-3$", 0.15), ("2a + 3 = -3\\)", 0.15), ("b = 3 is", 0.10),
