@@ -287,9 +287,9 @@ CREDIT = [  # (weight, name, the step of the solution that earns it: a pattern t
 
 def stated_value(var, text):
     """The number that every statement `var = ...` gives (not `2a = `, `a + b = `, `-b = `); None if there is none, if
-    one is no number, or if two disagree: a hedge such as `b = 0, b = 3` states no value."""
+    one is no number, or if two disagree: a hedge such as `b = 0, b = 3` states no value, nor does `b = 3 = 0`."""
     starts = [m.end() for m in re.finditer(BEFORE + var + r"\s*=", text)]
-    found = [re.match(r"\s*(-?\s*\d+(?:\.\d+)?)" + AFTER, text[s:]) for s in starts]
+    found = [re.match(r"\s*(-?\s*\d+(?:\.\d+)?)" + AFTER + r"(?!\s*=)", text[s:]) for s in starts]  # no chain
     values = {float(v.group(1).replace(" ", "")) if v else None for v in found}
     return values.pop() if len(values) == 1 else None
 

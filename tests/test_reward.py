@@ -45,6 +45,7 @@ CASES = [  # (completion, exact reward)
     ("b = 3, so a + b = 0", 0.10),                      # "a + b = 0" is not a statement about b
     ("b = 3 + a", 0.0), ("b = 3(a - 1)", 0.0), ("a = -3 \\cdot b", 0.0),
     ("so b = 3, and", 0.10), ("hence b = 3.", 0.10), ("$b = 3$", 0.10), ("b = 3\\)", 0.10),
+    ("b = 3 = 0", 0.0), ("b = 3= 0", 0.0), ("a = -3 = 0, b = 3", 0.10),  # found by the policy in a CPU run: a chain
     ("2a + 3 = -3", 0.15),             # the equation 0.10 + the right piece at 2 0.05
     ("2a+3=-30", 0.05),                   # only the right piece at x=2
     ("-4 - b = -7", 0.15),             # the equation 0.10 + the left piece at -2 0.05
