@@ -71,7 +71,7 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     temperature: Optional[float] = flag(None, "sampling temperature; log-probs use the same")
     learning_rate: Optional[float] = flag(None, "AdamW learning rate")
     num_steps: Optional[int] = flag(None, "rollout + update steps")
-    time_limit: Optional[float] = flag(None, "or stop once the steps have taken this many minutes in all (0: no limit)")
+    time_limit: Optional[float] = flag(None, "stop early once the steps took this many minutes in all (0: no limit)")
     beta: Optional[float] = flag(None, "KL coefficient (online_dpo: the DPO beta)")
     clip_eps: Optional[float] = flag(None, "lower clip: ratio >= 1-eps (default 0.2)", aliases=["--clip_eps_low"])
     clip_eps_high: Optional[float] = flag(None, "upper clip: ratio <= 1+eps (default clip_eps)")
