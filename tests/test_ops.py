@@ -334,6 +334,9 @@ def test_a_resumed_run_counts_the_time_of_the_steps_before_its_checkpoint(tiny_m
     meta = json.load(open(tmp_path / "out" / "r" / "checkpoints" / "step_000002" / "meta.json"))
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert meta["spent_s"] == pytest.approx(rows[0]["time/step"] + rows[1]["time/step"], rel=1e-5)
+    tg.main(main_args(tiny_model, tmp_path, "--num_steps", "6", "--time_limit", "1e-9", "--resume"))  # from step 2
+    log = open(tmp_path / "logs" / "r.log").read()
+    assert "stopping after step 2" in log and "best sample of step 2 " in log  # the last step's sample, though 2 % 5
 
 
 def test_a_run_killed_during_a_save_resumes_from_the_last_complete_checkpoint(tiny_model, tmp_path):
