@@ -324,6 +324,12 @@ def credits(text: str, task="main") -> dict:
         got = {k: v for k, v in got.items() if k in steps} | {"boxed": final_boxed(text) == answer}
     return got
 
+def credit_columns(got: list, truncated, penalty):  # [N, K+1]: each credit's share of the reward, then the shaping
+    weight = {name: w for w, name, _ in CREDIT}
+    total = round(sum(weight[k] for k in got[0]), 9)                                  # 1, or a half's 0.65
+    cols = [[weight[name] * g.get(name, False) / total for _, name, _ in CREDIT] for g in got]
+    return torch.cat([torch.tensor(cols), -penalty * truncated.float().cpu()[:, None]], 1)
+
 def toy_reward(text: str, task="main") -> float:
     """Partial credit in [0, 1]: the weights of the CREDIT steps stated correctly, over the weights that count."""
     got, weight = credits(text, task), {name: w for w, name, _ in CREDIT}
@@ -564,7 +570,16 @@ ADVANTAGES = {  # task-reward advantage within each group; R: [P, G]
     "rloo": lambda R: (R - R.mean(1, keepdim=True)) * R.shape[1] / (R.shape[1] - 1),   # R_i - mean_{j!=i} R_j
     "none": lambda R: R,                                                               # plain REINFORCE
     "gae": lambda R: R - R.mean(1, keepdim=True),  # ppo: token advantages come from gae() below; this is only logged
+    "gdpo": lambda R: gdpo(R),                         # each reward component z-scored on its own (R: [P, G, K])
 }
+
+def gdpo(C):
+    """GDPO (Liu et al. 2026): A = sum_k zscore_G(C_k), then / std over the batch. C: [P, G, K], one column per step of
+    the credit table (and the shaping). A rare step found by one sample gets a full push of its own, however the
+    other steps of that sample did; a summed reward would first net it against them (README: Advantages)."""
+    A = zscore(C if C.dim() == 3 else C[..., None]).sum(-1)                           # [P, G]
+    std = A.std() if A.numel() > 1 else A.new_zeros(())
+    return torch.where(std < 1e-6, 0.0, A / std.clamp(min=1e-6))                       # [P, G]
 
 def sequence_kl(lp, ref_lp, mask, estimator):
     """Per-token estimates k(l), l = logpi - logpi_ref, and their sum over each completion. Detached: in the
@@ -573,10 +588,10 @@ def sequence_kl(lp, ref_lp, mask, estimator):
     kl_tok = KL_ESTIMATORS[estimator](l) * mask                                         # [B, T]
     return kl_tok, kl_tok.sum(1)                                                        # [B, T], [B]
 
-def advantages(R, kl_seq, cfg):
-    """A_i = ADV(R)_i - beta * (KL_i - mean_{j!=i} KL_j).   R, kl_seq: [P, G] -> [P, G]
+def advantages(R, kl_seq, cfg, parts=None):
+    """A_i = ADV(R)_i - beta * (KL_i - mean_{j!=i} KL_j).   R, kl_seq: [P, G] -> [P, G]; gdpo reads parts: [P, G, K]
     The KL part (K1 in the reward) is added after normalising R and never divided by std(R): beta keeps its meaning."""
-    A = ADVANTAGES[cfg.advantage](R)                                                    # [P, G]
+    A = ADVANTAGES[cfg.advantage](parts if cfg.advantage == "gdpo" and parts is not None else R)  # [P, G]
     if cfg.kl_placement == "reward":
         G = kl_seq.shape[1]
         A = A - cfg.beta * (kl_seq - kl_seq.mean(1, keepdim=True)) * G / (G - 1)        # leave-one-out baseline
@@ -938,7 +953,8 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
 
         # ---- 4. Advantage: z-scored task reward within each group, minus beta * (KL_i - mean of the others' KL)
         R_learn = R - cfg.truncation_penalty * truncated.float()                           # [N] + shaping (dep. 9)
-        A = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg).flatten()            # [N]
+        C = credit_columns(parts, truncated, cfg.truncation_penalty).to(R) if parts else R_learn[:, None]  # [N, K]
+        A = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C.view(-1, G, C.shape[1])).flatten()  # [N]
         returns = None
         if cfg.objective == "ppo":  # per-token advantages from the value head instead
             A, returns = ppo_advantages(R_learn, kl_tok, old_values, mask, cfg)            # [N, T], [N, T]
