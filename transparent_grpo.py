@@ -27,8 +27,9 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
     so the KL is exactly 0 before the first update.
  9. On CPU the 135M model first sees one solved instance of the same problem family (other numbers); every other
     step asks one half of the problem (one breakpoint, its own answer: a curriculum), sampled at T = 0.5 from step 56
-    on (log-probs too); and a completion cut at max_new_tokens loses --truncation_penalty from the reward it learns
-    from: shaping, logged apart. reward/mean is always the task reward of the problem itself (README: What to expect).
+    on (log-probs too); a completion cut at max_new_tokens loses --truncation_penalty from the reward it learns
+    from (shaping, logged apart); and the advantage z-scores each credit of the table on its own (gdpo, §6), so a
+    rare step is not netted against the box. reward/mean is always the task reward of the problem (README).
 """
 import copy, functools, json, math, os, re, resource, shutil, sys, time, weakref
 from dataclasses import asdict, dataclass, field, replace
@@ -47,7 +48,7 @@ PRESETS = {  # the defaults that depend on the machine; any flag you pass wins o
     "cpu": dict(model="bundled:SmolLM2-135M-Instruct", group_size=8, prompts_per_step=1, max_new_tokens=192,
                 temperature=0.8, learning_rate=2e-5, num_steps=300, time_limit=30.0, beta=0.02, inner_epochs=1,
                 worked_example=True, curriculum=True, truncation_penalty=0.1, entropy_coef=0.0, halves_temperature=0.5,
-                halves_temperature_from=56),
+                halves_temperature_from=56, advantage="gdpo"),
 }
 OBJECTIVE_DEFAULTS = {  # objective-specific defaults, applied before the presets (flags still win)
     "dapo": dict(clip_eps_high=0.28), "gspo": dict(clip_eps=3e-4, clip_eps_high=4e-4),
@@ -111,8 +112,11 @@ class RunError(RuntimeError):  # a failure later (saving, a tracker, a checkpoin
     pass
 
 def resolve(cfg: Config, cuda: bool) -> Config:
-    """Fill the None fields: objective defaults first, then the machine preset, then plain fallbacks."""
-    for src in (OBJECTIVE_DEFAULTS.get(cfg.objective, {}), PRESETS["gpu" if cuda else "cpu"]):
+    """Fill the None fields: objective defaults first, then the machine preset, then plain fallbacks. An objective
+    with an advantage of its own (dr_grpo, rloo, reinforce, ppo) keeps it; a preset's advantage replaces zscore."""
+    own = OBJECTIVES[cfg.objective][2] if cfg.objective in OBJECTIVES else "zscore"
+    for src in (OBJECTIVE_DEFAULTS.get(cfg.objective, {}) | ({} if own == "zscore" else {"advantage": own}),
+                PRESETS["gpu" if cuda else "cpu"]):
         for k, v in src.items():
             if getattr(cfg, k) is None or (k == "model" and cfg.model == "auto"):
                 setattr(cfg, k, v)
@@ -574,9 +578,9 @@ ADVANTAGES = {  # task-reward advantage within each group; R: [P, G]
 }
 
 def gdpo(C):
-    """GDPO (Liu et al. 2026): A = sum_k zscore_G(C_k), then / std over the batch. C: [P, G, K], one column per step of
-    the credit table (and the shaping). A rare step found by one sample gets a full push of its own, however the
-    other steps of that sample did; a summed reward would first net it against them (README: Advantages)."""
+    """GDPO (Liu et al. 2026): A = sum_k zscore_G(C_k), then / std over the batch. C: [P, G, K], a column per credit of
+    the table (and the shaping). Each credit that varies in a group adds the same +-scale whatever its weight, so a
+    rare step found by one sample is not drowned by the 0.30 box, as when the weighted sum is z-scored."""
     A = zscore(C if C.dim() == 3 else C[..., None]).sum(-1)                           # [P, G]
     std = A.std() if A.numel() > 1 else A.new_zeros(())
     return torch.where(std < 1e-6, 0.0, A / std.clamp(min=1e-6))                       # [P, G]

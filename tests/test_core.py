@@ -129,8 +129,8 @@ def _cfg(**kw):
 def test_k1_in_reward_scales_with_beta_when_rewards_tie():
     R = torch.tensor([[0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 1.0, 0.0]], dtype=torch.float64)   # group 0 ties
     kl = torch.tensor([[0.1, 0.4, 0.2, 0.9], [0.3, 0.3, 0.1, 0.5]], dtype=torch.float64)
-    A1 = tg.advantages(R, kl, _cfg(beta=0.02))
-    A2 = tg.advantages(R, kl, _cfg(beta=0.04))
+    A1 = tg.advantages(R, kl, _cfg(beta=0.02, advantage="zscore"))
+    A2 = tg.advantages(R, kl, _cfg(beta=0.04, advantage="zscore"))
     task = tg.ADVANTAGES["zscore"](R)
     torch.testing.assert_close(A2 - task, 2 * (A1 - task))                               # the KL part doubles
     # exact value: -beta * (KL_i - mean_{j != i} KL_j); in the tied group the task part is exactly 0
@@ -160,3 +160,42 @@ def test_sequence_kl_is_detached():
     assert not kl_seq.requires_grad and not kl_tok.requires_grad
     A = tg.advantages(torch.zeros(1, 3, dtype=torch.float64), kl_seq.view(1, 3), _cfg())
     assert not A.requires_grad
+
+
+def test_gdpo_zscores_each_credit_then_the_sum():
+    """GDPO: every credit column z-scored within its group, the columns summed, the sum scaled to unit std over the
+    batch; exact against a float64 computation written out here, and different from z-scoring the summed reward."""
+    C = torch.tensor([[[0.3, 0.1], [0.3, 0.0], [0.3, 0.0], [0.0, 0.0]],
+                      [[0.0, 0.0], [0.3, 0.0], [0.0, 0.1], [0.0, 0.1]]], dtype=torch.float64)   # [P=2, G=4, K=2]
+    z = torch.zeros(2, 4, dtype=torch.float64)
+    for p in range(2):
+        for k in range(2):
+            col = C[p, :, k]
+            z[p] += (col - col.mean()) / col.std()
+    want = z / z.std()
+    torch.testing.assert_close(tg.ADVANTAGES["gdpo"](C), want)
+    assert not torch.allclose(tg.ADVANTAGES["gdpo"](C), tg.ADVANTAGES["zscore"](C.sum(-1)))
+    # a sample that finds a rare 0.1 step but misses the 0.3 box that the other 7 have: the summed reward's z-score
+    # pushes it down; GDPO counts the found step as much as the missed box
+    C = torch.zeros(1, 8, 2)
+    C[0, 1:, 0], C[0, 0, 1] = 0.3, 0.1
+    assert tg.ADVANTAGES["zscore"](C.sum(-1))[0, 0] < -1
+    assert abs(tg.ADVANTAGES["gdpo"](C)[0, 0]) < 1e-6
+    # ties and constant columns give exactly 0 (no 0/0); a column left out changes nothing
+    assert torch.all(tg.ADVANTAGES["gdpo"](torch.full((2, 8, 3), 0.7)) == 0)
+    padded = torch.cat([C, torch.zeros(1, 8, 1)], -1)
+    torch.testing.assert_close(tg.ADVANTAGES["gdpo"](padded), tg.ADVANTAGES["gdpo"](C))
+
+
+def test_gdpo_reads_the_credit_columns_and_the_other_advantages_do_not():
+    texts = ["At x = 2 it is continuous: 2 - 5 = -3, so 2a + 3 = -3, a = -3 and \\boxed{0}", "nothing", "\\boxed{0}"]
+    truncated = torch.tensor([False, True, False])
+    for task in ("main", "left", "right"):
+        got = [tg.credits(t, task) for t in texts]
+        C = tg.credit_columns(got, truncated, 0.1)                                     # [3, K+1]
+        R = torch.tensor([tg.toy_reward(t, task) for t in texts]) - 0.1 * truncated.float()
+        torch.testing.assert_close(C.sum(1), R)                                         # the columns sum to R
+    R, kl = C.sum(1).view(1, 3), torch.zeros(1, 3)
+    parts = C.view(1, 3, -1)
+    torch.testing.assert_close(tg.advantages(R, kl, _cfg(advantage="zscore"), parts), tg.ADVANTAGES["zscore"](R))
+    torch.testing.assert_close(tg.advantages(R, kl, _cfg(advantage="gdpo"), parts), tg.ADVANTAGES["gdpo"](parts))

@@ -194,8 +194,8 @@ def test_learns_a_simple_reward(tiny_model, tmp_path):
 
 def test_a_sign_error_does_not_learn(tiny_model, tmp_path, monkeypatch):
     """The same run with the advantage's sign flipped must fail: the learning test can catch a sign bug."""
-    zscore = tg.ADVANTAGES["zscore"]
-    monkeypatch.setitem(tg.ADVANTAGES, "zscore", lambda R: -zscore(R))
+    for name in ("zscore", "gdpo"):                                  # gdpo: the CPU preset's advantage
+        monkeypatch.setitem(tg.ADVANTAGES, name, lambda R, fn=tg.ADVANTAGES[name]: -fn(R))
     rewards = learn(tiny_model, tmp_path)
     assert sum(rewards[-5:]) / 5 < 0.2, rewards
 

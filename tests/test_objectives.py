@@ -208,7 +208,7 @@ def test_online_dpo_counts_only_groups_that_make_a_pair():
 def test_advantages_are_per_group():
     R = torch.tensor([[0.0, 1.0, 1.0], [0.2, 0.2, 0.5]], dtype=D)
     kl = torch.tensor([[0.1, 0.3, 0.2], [0.0, 0.4, 0.1]], dtype=D)
-    A = tg.advantages(R, kl, cfg_for(beta=0.1))
+    A = tg.advantages(R, kl, cfg_for(beta=0.1, advantage="zscore"))
     for g in range(2):
         z = (R[g] - R[g].mean()) / R[g].std()
         loo = torch.stack([kl[g, i] - (kl[g].sum() - kl[g, i]) / 2 for i in range(3)])
