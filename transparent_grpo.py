@@ -955,7 +955,7 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
         t3 = time.time()
 
-        # ---- 4. Advantage: z-scored task reward within each group, minus beta * (KL_i - mean of the others' KL)
+        # ---- 4. Advantage: task reward normalised within each group (gdpo: credit by credit), minus beta * KL part
         R_learn = R - cfg.truncation_penalty * truncated.float()                           # [N] + shaping (dep. 9)
         C = credit_columns(parts, truncated, cfg.truncation_penalty).to(R) if parts else R_learn[:, None]  # [N, K]
         A = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C.view(-1, G, C.shape[1])).flatten()  # [N]
