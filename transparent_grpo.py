@@ -568,15 +568,6 @@ def zscore(R):  # (R - mean) / std per group; a tied group gets exactly 0 (its f
     std = R.std(1, keepdim=True)                                                        # [P, 1]
     return torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True)) / std.clamp(min=1e-6))  # [P, G]
 
-ADVANTAGES = {  # task-reward advantage within each group; R: [P, G]
-    "zscore": zscore,                                                                  # GRPO
-    "mean": lambda R: R - R.mean(1, keepdim=True),                                     # Dr.GRPO
-    "rloo": lambda R: (R - R.mean(1, keepdim=True)) * R.shape[1] / (R.shape[1] - 1),   # R_i - mean_{j!=i} R_j
-    "none": lambda R: R,                                                               # plain REINFORCE
-    "gae": lambda R: R - R.mean(1, keepdim=True),  # ppo: token advantages come from gae() below; this is only logged
-    "gdpo": lambda R: gdpo(R),                         # each reward component z-scored on its own (R: [P, G, K])
-}
-
 def gdpo(C):
     """GDPO (Liu et al. 2026): A = sum_k zscore_G(C_k), then / std over the batch. C: [P, G, K], a column per credit of
     the table (and the shaping). Each credit that varies in a group adds the same +-scale whatever its weight, so a
@@ -584,6 +575,15 @@ def gdpo(C):
     A = zscore(C if C.dim() == 3 else C[..., None]).sum(-1)                           # [P, G]
     std = A.std() if A.numel() > 1 else A.new_zeros(())
     return torch.where(std < 1e-6, 0.0, A / std.clamp(min=1e-6))                       # [P, G]
+
+ADVANTAGES = {  # task-reward advantage within each group; R: [P, G]
+    "zscore": zscore,                                                                  # GRPO
+    "mean": lambda R: R - R.mean(1, keepdim=True),                                     # Dr.GRPO
+    "rloo": lambda R: (R - R.mean(1, keepdim=True)) * R.shape[1] / (R.shape[1] - 1),   # R_i - mean_{j!=i} R_j
+    "none": lambda R: R,                                                               # plain REINFORCE
+    "gae": lambda R: R - R.mean(1, keepdim=True),  # ppo: token advantages come from gae() below; this is only logged
+    "gdpo": gdpo,                                      # each reward component z-scored on its own (R: [P, G, K])
+}
 
 def sequence_kl(lp, ref_lp, mask, estimator):
     """Per-token estimates k(l), l = logpi - logpi_ref, and their sum over each completion. Detached: in the

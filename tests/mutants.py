@@ -30,6 +30,12 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
     "advantage_sign": ("torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True))",
                        "torch.where(std < 1e-6, 0.0, (R.mean(1, keepdim=True) - R)"),
     "tied_group_pushed": ("torch.where(std < 1e-6, 0.0,", "torch.where(std < 0, 0.0,"),  # the float32 tie residue
+    "gdpo_sums_before_zscore": ("A = zscore(C if C.dim() == 3 else C[..., None]).sum(-1)",
+                                "A = zscore((C if C.dim() == 3 else C[..., None]).sum(-1))"),  # = zscore of R
+    "gdpo_no_batch_scale": ("A / std.clamp(min=1e-6))", "A)"),
+    "gdpo_not_given_the_columns": ('ADVANTAGES[cfg.advantage](parts if cfg.advantage == "gdpo" and parts is not None',
+                                   'ADVANTAGES[cfg.advantage](parts if False and parts is not None'),
+    "credit_columns_shaping_sign": ("-penalty * truncated.float()", "penalty * truncated.float()"),
     "kl_loo_includes_self": ("* G / (G - 1)", "* 1"),
     "clip_high_uses_low_eps": ("r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps_high)",
                                "r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)"),
