@@ -582,7 +582,7 @@ ADVANTAGES = {  # task-reward advantage within each group; R: [P, G]
     "rloo": lambda R: (R - R.mean(1, keepdim=True)) * R.shape[1] / (R.shape[1] - 1),   # R_i - mean_{j!=i} R_j
     "none": lambda R: R,                                                               # plain REINFORCE
     "gae": lambda R: R - R.mean(1, keepdim=True),  # ppo: token advantages come from gae() below; this is only logged
-    "gdpo": gdpo,                                      # each reward component z-scored on its own (R: [P, G, K])
+    "gdpo": gdpo,                                      # each credit column z-scored on its own, summed (C: [P, G, K])
 }
 
 def sequence_kl(lp, ref_lp, mask, estimator):
