@@ -31,7 +31,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
     from (shaping, logged apart); and the advantage z-scores each credit of the table on its own (gdpo, §6), so a
     rare step is not netted against the box. reward/mean is always the task reward of the problem (README).
 """
-import copy, functools, json, math, os, re, resource, shutil, sys, time, weakref
+import copy, ctypes, functools, json, math, os, re, resource, shutil, sys, time, weakref
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
@@ -493,21 +493,24 @@ def sampling_twin(model, device):
     return twin
 
 # ============================================================================ 5. Log-probs
-def _chunk_logprobs(h, weight, bias, targets, temperature):
+def _chunk_logprobs(h, weight, bias, targets, temperature, entropy):
     z = F.linear(h, weight, bias)                                                       # [n, V] one chunk
     z = z.to(torch.promote_types(z.dtype, torch.float32)) / temperature                 # at least fp32
     lse = torch.logsumexp(z, -1)                                                        # [n]
     lp = z.gather(-1, targets[:, None]).squeeze(-1) - lse                               # [n]  log softmax(z)[y]
-    entropy = lse - (torch.softmax(z, -1) * z).sum(-1)                                  # [n]  H = lse - E_p[z]
-    return lp, entropy
+    if entropy is None:
+        return lp, torch.zeros_like(lp)
+    with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):  # a logged value: no graph to keep
+        return lp, lse - (torch.softmax(z, -1) * z).sum(-1)                             # [n]  H = lse - E_p[z]
 
-def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128):
+def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128, entropy="grad"):
     """log pi(y_t) at logits/T for the sampled tokens only. Only masked rows go through the LM head, `chunk` rows at
-    a time, each recomputed in backward (checkpoint): never a full [B, T, V] tensor, in fp32 or otherwise."""
+    a time, each recomputed in backward (checkpoint): never a full [B, T, V] tensor, in fp32 or otherwise.
+    entropy: "grad" (for an entropy bonus), "value" (logged only: backward's recompute stops at lp), or None (zeros)."""
     rows = mask.flatten().nonzero().squeeze(1)                                          # [n] completion tokens
     h, y = hidden.flatten(0, 1)[rows], targets.flatten()[rows]                          # [n, H], [n]
     parts = [checkpoint(_chunk_logprobs, h[s:s + chunk], head.weight, head.bias, y[s:s + chunk], temperature,
-                        use_reentrant=False) for s in range(0, len(rows), chunk)]
+                        entropy, use_reentrant=False) for s in range(0, len(rows), chunk)]
     dtype = torch.promote_types(hidden.dtype, torch.float32)
     lp, ent = (torch.zeros(mask.numel(), dtype=dtype, device=mask.device).index_put(
         (rows,), torch.cat([p[i] for p in parts]) if parts else torch.zeros(0, dtype=dtype)) for i in (0, 1))
@@ -524,8 +527,8 @@ def repeat_cache(cache, n):  # n rows of a one-row prompt cache, which stays as 
     rows.batch_repeat_interleave(n)                                                     # [1, ...] -> [n, ...]
     return rows
 
-def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, prompt_memo=None):
-    """Log-probs [B, T] (and entropy, ppo values) of the completion tokens ids[:, n_prompt:].
+def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, prompt_memo=None, entropy="grad"):
+    """Log-probs [B, T] (and entropy, as sampled_logprobs' `entropy` says; ppo values) of the tokens ids[:, n_prompt:].
     When every row has the same prompt it runs once (batch 1) and its KV cache is repeated for the B completions,
     which run in passes of ROWS_PER_PASS rows of like length, each pass as long as its longest row; gradients still
     reach the prompt's keys and values through the repeat, so this is exact, just cheaper.
@@ -551,7 +554,8 @@ def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, p
     else:
         out = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
         h = out.hidden_states[-1][:, n_prompt - 1:-1]                                   # [B, T, H] predict y_t
-    lp, ent = sampled_logprobs(h, unwrap(model).get_output_embeddings(), ids[:, n_prompt:], mask, temperature)
+    lp, ent = sampled_logprobs(h, unwrap(model).get_output_embeddings(), ids[:, n_prompt:], mask, temperature,
+                               entropy=entropy)
     v_head = getattr(unwrap(model), "v_head", None)
     values = v_head(h.to(v_head.weight.dtype)).float().squeeze(-1) if with_values else None  # [B, T]
     return lp, ent, values
@@ -795,6 +799,7 @@ def setup(cfg):
     set_seed(cfg.seed, device_specific=True)                                   # each process samples its own groups
     if not cuda:  # accelerate launch sets OMP_NUM_THREADS=1: use this process's share of the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // acc.num_processes))
+        keep_freed_memory()
     resume = cfg.resume_from or (latest_checkpoint(cfg) if cfg.resume else None)
     meta = json.load(open(os.path.join(resume, "meta.json"))) if resume else {}
     start, spent = meta.get("next_step", 0), meta.get("spent_s", 0.0)           # spent: seconds of steps so far
@@ -835,6 +840,17 @@ def setup(cfg):
     resume and log.say(f"resumed from {resume} at step {start}")
     return acc, tok, model, ref, opt, start, spent, log
 
+def keep_freed_memory():
+    """CPU: glibc maps blocks above a moving threshold (<= 32 MiB) fresh from the OS and gives them back when freed, so
+    every step faults the pages of its [128, V] chunks and gradients in again (~250k page faults, 2-3 s of kernel
+    time a step). Serving blocks up to 1 GiB from the heap and never trimming it keeps them: the same numbers, no
+    faults once warm, no higher peak (README: Performance, CPU)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:                                                     # not glibc (macOS, musl): leave it as it is
+        return False
+    return bool(libc.mallopt(-3, 1 << 30) and libc.mallopt(-1, 2 ** 31 - 1))  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+
 def needs_reference(cfg):
     return cfg.beta > 0 and (cfg.kl_placement != "none" or cfg.objective == "online_dpo")
 
@@ -858,7 +874,8 @@ def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
             b = {k: v[idx] if v is not None else None for k, v in batch.items()}
             with acc.autocast():
                 b["lp"], b["entropy"], b["values"] = cached if cached is not None else token_logprobs(
-                    model, b["seqs"], n_prompt, b["mask"], cfg.temperature, cfg.objective == "ppo")
+                    model, b["seqs"], n_prompt, b["mask"], cfg.temperature, cfg.objective == "ppo",
+                    entropy="grad" if cfg.entropy_coef else "value")
                 cached = None                                                   # its graph is used once, then freed
                 loss, st = policy_loss(b, cfg)
                 loss = loss * token_share(acc, b["mask"], cfg)
@@ -948,9 +965,10 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         model.train()
         with acc.autocast(), torch.no_grad():
             ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, step_cfg.temperature,
-                                                             prompt_memo=ref_prompts)[0]                # [N, T]
+                                                             prompt_memo=ref_prompts, entropy=None)[0]  # [N, T]
         with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is the update's
-            cached = token_logprobs(model, seqs, P, mask, step_cfg.temperature, cfg.objective == "ppo")
+            cached = token_logprobs(model, seqs, P, mask, step_cfg.temperature, cfg.objective == "ppo",
+                                    entropy="grad" if cfg.entropy_coef and single_update else "value")
         old_lp, ent, old_values = (x.detach() if x is not None else None for x in cached)  # [N, T] each
         kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
         t3 = time.time()

@@ -121,6 +121,63 @@ def test_logprob_passes_skip_padding_and_change_nothing(tiny_qwen, monkeypatch):
         torch.testing.assert_close(a, p.grad, rtol=1e-6, atol=1e-6)   # as the shared-prompt test above
 
 
+@pytest.mark.parametrize("same_prompt", [False, True])
+def test_entropy_modes_change_no_logprob_or_gradient(same_prompt, tiny_qwen):
+    """entropy="value" (logged only) and None (the reference's pass) give the same log-probs and gradients, to the bit,
+    as "grad"; "value" gives the same entropy without a graph, None zeros; "grad" entropy has the naive gradient."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen).double()
+    torch.manual_seed(2)
+    ids = torch.randint(6, model.config.vocab_size, (3, 12))
+    if same_prompt:
+        ids[:, :6] = ids[0, :6]
+    mask = torch.ones(3, 6)
+    mask[2, 4:] = 0
+    out = {}
+    for mode in ("grad", "value", None):
+        lp, ent, _ = tg.token_logprobs(model, ids, 6, mask, 0.7, entropy=mode)
+        (lp * torch.arange(1.0, 7.0, dtype=torch.float64)).sum().backward()
+        out[mode] = lp.detach(), ent, [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+    for mode in ("value", None):
+        assert torch.equal(out[mode][0], out["grad"][0])
+        assert all(torch.equal(a, b) for a, b in zip(out[mode][2], out["grad"][2]))
+    assert torch.equal(out["value"][1], out["grad"][1].detach()) and not out["value"][1].requires_grad
+    assert out["grad"][1].requires_grad and torch.equal(out[None][1], torch.zeros_like(out["grad"][1]))
+    tg.token_logprobs(model, ids, 6, mask, 0.7, entropy="grad")[1].sum().backward()  # d(sum of H)/d(weights) ...
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logits = model(input_ids=ids).logits[:, 5:-1] / 0.7                                  # ... and the naive way
+    (-(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1) * mask).sum().backward()
+    for a, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_entropy_bonus_gets_a_differentiable_entropy(tiny_model, tmp_path, monkeypatch):
+    """train(): with --entropy_coef the loss sees the entropy with its graph (mu = 1 reuses the log-prob pass, mu = 2
+    runs the update's own); without, a plain value."""
+    seen, policy_loss = [], tg.policy_loss
+    monkeypatch.setattr(tg, "policy_loss", lambda b, cfg: seen.append(b["entropy"].requires_grad) or
+                        policy_loss(b, cfg))
+    for coef, mu in ((0.01, 1), (0.01, 2), (0.0, 1), (0.0, 2)):
+        cfg = tg.resolve(tg.Config(model=tiny_model, group_size=4, max_new_tokens=6, num_steps=1, entropy_coef=coef,
+                                   inner_epochs=mu, output_dir=str(tmp_path), log_dir=str(tmp_path),
+                                   run_name=f"e{coef}{mu}"), cuda=False)
+        tg.validate(cfg)
+        tg.train(cfg)
+    assert seen == [True, True, True, False, False, False]
+
+
+def test_keep_freed_memory_sets_glibc_and_changes_no_number(tiny_qwen):
+    """The CPU setup's allocator settings (mallopt) succeed on glibc and leave every log-prob as it was."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen)
+    ids = torch.randint(6, model.config.vocab_size, (2, 10))
+    before = tg.token_logprobs(model, ids, 4, torch.ones(2, 6), 0.8)[0]
+    assert tg.keep_freed_memory() is True                               # these machines run glibc
+    assert torch.equal(tg.token_logprobs(model, ids, 4, torch.ones(2, 6), 0.8)[0], before)
+
+
 def _cfg(**kw):
     cfg = tg.Config(model="/x", **kw)
     return tg.resolve(cfg, cuda=False)
