@@ -168,14 +168,26 @@ def test_entropy_bonus_gets_a_differentiable_entropy(tiny_model, tmp_path, monke
     assert seen == [True, True, True, False, False, False]
 
 
-def test_keep_freed_memory_sets_glibc_and_changes_no_number(tiny_qwen):
+def test_keep_freed_memory_sets_glibc_and_changes_no_number(tiny_qwen, monkeypatch):
     """The CPU setup's allocator settings (mallopt) succeed on glibc and leave every log-prob as it was."""
     from transformers import AutoModelForCausalLM
+    for k in ("MMAP_THRESHOLD_", "TRIM_THRESHOLD_", "TOP_PAD_", "MMAP_MAX_"):
+        monkeypatch.delenv("MALLOC_" + k, raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen)
     ids = torch.randint(6, model.config.vocab_size, (2, 10))
     before = tg.token_logprobs(model, ids, 4, torch.ones(2, 6), 0.8)[0]
     assert tg.keep_freed_memory() is True                               # these machines run glibc
     assert torch.equal(tg.token_logprobs(model, ids, 4, torch.ones(2, 6), 0.8)[0], before)
+
+
+@pytest.mark.parametrize("env", [{"MALLOC_MMAP_THRESHOLD_": "1048576"},
+                                 {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}])
+def test_keep_freed_memory_leaves_the_users_malloc_settings(env, monkeypatch):
+    """README: MALLOC_MMAP_THRESHOLD_=1048576 trades time for a lower peak; a user who sets it keeps it."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert tg.keep_freed_memory() is False
 
 
 def _cfg(**kw):
