@@ -842,8 +842,8 @@ def setup(cfg):
 
 def keep_freed_memory():
     """CPU: glibc maps blocks above a moving threshold (<= 32 MiB) fresh from the OS and gives them back when freed, so
-    every step faults the pages of its [128, V] chunks and gradients in again (~250k page faults, 2-3 s of kernel
-    time a step). Serving blocks up to 1 GiB from the heap and never trimming it keeps them: the same numbers, no
+    every step faults the pages of its [128, V] chunks and gradients in again (100k-400k page faults, 1-3 s of
+    kernel time a step). Serving blocks up to 1 GiB from the heap and never trimming it keeps them: the same numbers, no
     faults once warm, about the same peak (README: Performance, CPU). Your own MALLOC_*_ / GLIBC_TUNABLES win."""
     own = {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"} & set(os.environ)
     if own or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
