@@ -153,6 +153,38 @@ def test_entropy_modes_change_no_logprob_or_gradient(same_prompt, tiny_qwen):
         torch.testing.assert_close(a, p.grad, rtol=1e-6, atol=1e-6)
 
 
+def test_logged_entropy_is_not_recomputed_in_backward():
+    """entropy="value": backward's checkpoint recompute of each LM-head chunk stops at the log-probs (no softmax);
+    entropy="grad" recomputes it in every chunk (3 chunks here)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountSoftmax(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += func is torch.ops.aten._softmax.default
+            return func(*args, **(kwargs or {}))
+    head, h = torch.nn.Linear(8, 50, bias=False), torch.randn(2, 5, 8, requires_grad=True)
+    y, mask, counts = torch.randint(0, 50, (2, 5)), torch.ones(2, 5), {}
+    for mode in ("grad", "value"):
+        lp = tg.sampled_logprobs(h, head, y, mask, 0.7, chunk=4, entropy=mode)[0]
+        with CountSoftmax() as c:
+            lp.sum().backward()
+        counts[mode] = c.n
+    assert counts == {"grad": 3, "value": 0}
+
+
+def test_cpu_setup_keeps_freed_memory(tiny_model, tmp_path, monkeypatch):
+    """setup() calls keep_freed_memory() once on CPU (the faster step of README: Performance, CPU)."""
+    calls = []
+    monkeypatch.setattr(tg, "keep_freed_memory", lambda: calls.append(1) or True)
+    cfg = tg.resolve(tg.Config(model=tiny_model, group_size=2, max_new_tokens=4, num_steps=1, output_dir=str(tmp_path),
+                               log_dir=str(tmp_path), run_name="k"), cuda=False)
+    tg.validate(cfg)
+    tg.train(cfg)
+    assert calls == [1]
+
+
 def test_entropy_bonus_gets_a_differentiable_entropy(tiny_model, tmp_path, monkeypatch):
     """train(): with --entropy_coef the loss sees the entropy with its graph (mu = 1 reuses the log-prob pass, mu = 2
     runs the update's own); without, a plain value."""
