@@ -907,9 +907,10 @@ def token_share(acc, mask, cfg):
         return 1.0
     return mask.sum() * acc.num_processes / acc.gather(mask.sum().reshape(1)).sum().clamp(min=1)
 
-def step_metrics(acc, batch, kl_seq, ent, truncated, stats, cfg):
+def step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg):
     """Every metric of a step, averaged over processes (max/min metrics take the max/min)."""
     R, mask, A, lengths = batch["R"], batch["mask"], batch["adv"], batch["mask"].sum(1)
+    stats = {**stats, **{f"credit/{k}": sum(p[k] for p in parts) / len(parts) for k in (parts[0] if parts else {})}}
     m = {"reward/mean": R.mean(), "reward/max": R.max(), "reward/std": R.std(),
          "reward/shaped_mean": (R - cfg.beta * kl_seq).mean() if cfg.kl_placement == "reward" else R.mean(),
          "reward/truncation_penalty": cfg.truncation_penalty * truncated.float().mean(),
@@ -980,9 +981,7 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         R_learn = R - cfg.truncation_penalty * truncated.float()                           # [N] + shaping (dep. 9)
         C = credit_columns(parts, truncated, cfg.truncation_penalty).to(R) if parts else R_learn[:, None]  # [N, K]
         A = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C.view(-1, G, C.shape[1])).flatten()  # [N]
-        returns = None
-        if cfg.objective == "ppo":  # per-token advantages from the value head instead
-            A, returns = ppo_advantages(R_learn, kl_tok, old_values, mask, cfg)            # [N, T], [N, T]
+        A, returns = (A, None) if cfg.objective != "ppo" else ppo_advantages(R_learn, kl_tok, old_values, mask, cfg)
 
         # ---- 5. Update: mu epochs over minibatches, one clipped AdamW step each
         batch = dict(seqs=seqs, old_lp=old_lp, ref_lp=ref_lp, mask=mask, adv=A, R=R_learn, old_values=old_values,
@@ -991,28 +990,30 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
                                      bad_in_a_row)
         del cached
         if stats is None:
-            log.say(f"stopping: {bad_in_a_row} non-finite losses or gradients in a row at step {step}")
-            acc.wait_for_everyone()  # gloo must be done with the last gather first, or the exit below can deadlock
-            acc.end_training()
-            raise SystemExit(3)
+            stop(acc, log, f"stopping: {bad_in_a_row} non-finite losses or gradients in a row at step {step}", 3)
         if cfg.ref_update_every and (step + 1) % cfg.ref_update_every == 0:
             ref.load_state_dict(unwrap(model).state_dict())
             ref_prompts.clear()                                                 # its prompt passes are stale now
 
         # ---- log (and a sample now and then), checkpoint
-        stats.update({f"credit/{k}": sum(p[k] for p in parts) / N for k in (parts[0] if parts else {})})
         stats.update({"time/generate": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2,
                       "time/update": time.time() - t3, "time/step": time.time() - t0})
         spent += acc.gather(torch.tensor([stats["time/step"]], device=acc.device)).max().item()  # alike everywhere
         last = step + 1 == cfg.num_steps or 0 < 60 * cfg.time_limit <= spent                   # --time_limit
-        log_step(acc, log, cfg, step, task, step_metrics(acc, {**batch, "R": R}, kl_seq, ent, truncated, stats, cfg),
-                 texts[int(R.argmax())], R.max().item(), last)
+        metrics = step_metrics(acc, {**batch, "R": R}, kl_seq, ent, truncated, parts, stats, cfg)
+        log_step(acc, log, cfg, step, task, metrics, texts[int(R.argmax())], R.max().item(), last)
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and not last:
             save_checkpoint(acc, cfg, step + 1, spent)
         if last and step + 1 < cfg.num_steps:
             log.say(f"stopping after step {step}: {spent / 60:.1f} minutes of steps (--time_limit {cfg.time_limit})")
             break
     return save_final(acc, cfg, model, tok, log)
+
+def stop(acc, log, why, code):
+    log.say(why)
+    acc.wait_for_everyone()  # gloo must be done with the last gather first, or the exit below can deadlock
+    acc.end_training()
+    raise SystemExit(code)
 
 def log_step(acc, log, cfg, step, task, metrics, best_text, best_reward, last):
     """One JSON row per step (a half's reward/ and credit/ keys under its name: left/reward/mean), one readable line."""
