@@ -407,7 +407,7 @@ class InPlaceKV(DynamicLayer):
 def sample(model, prompt_ids, n, cfg, eos, pad_id):
     """n completions of one prompt, each token y_t ~ softmax(logits_t / T) exactly (no top-k, top-p or penalties).
     --sampler fast, below: the prompt runs once; its KV cache is copied into n rows; then one forward per token for
-    the unfinished rows (on CPU with every linear layer as W @ x.T). hf and compiled go through generate()."""
+    the unfinished rows (on CPU each linear layer's weight prepacked for oneDNN). hf and compiled: generate()."""
     kind = sampler_kind(cfg.sampler, prompt_ids.device.type)
     out = None if kind != "fast" else model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)  # [1, 1, V]
     if out is None or any(type(layer) is not DynamicLayer for layer in getattr(out.past_key_values, "layers", [0])):
@@ -418,8 +418,9 @@ def sample(model, prompt_ids, n, cfg, eos, pad_id):
     live, eos = torch.arange(n, device=prompt_ids.device), torch.tensor(eos, device=prompt_ids.device)
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
     linears = linears if prompt_ids.device.type == "cpu" else []                       # measured on CPU only
-    for m in linears:  # CPU decode: W @ x.T streams the weights 1.6-2.4x faster than F.linear (README: Performance)
-        m.forward = functools.partial(weight_major_linear, m)
+    autocast = torch.is_autocast_enabled("cpu")                 # then W @ x.T, in autocast's dtype like the update
+    for m in linears:  # CPU decode: each weight packed now (so it is today's) for oneDNN: 2x F.linear's speed (README)
+        m.forward = functools.partial(decode_linear, m, None if autocast else onednn_pack(m.weight, n))
     try:
         for t in range(cfg.max_new_tokens):
             y = torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1)  # [live, 1]  y ~ pi_old
@@ -437,7 +438,19 @@ def sample(model, prompt_ids, n, cfg, eos, pad_id):
             del m.forward                                                               # nn.Linear.forward again
     return torch.cat([prompt_ids.expand(n, -1), tokens[:, :t + 1]], 1)                 # [n, P+T']
 
-def weight_major_linear(m, x):  # m(x) = x W^T + b, computed as (W x^T)^T: the same numbers up to rounding
+def onednn_pack(w, rows):  # w in oneDNN's blocked layout for `rows` rows; None if not fp32 or there is no oneDNN
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(w, rows) if w.dtype == torch.float32 else None
+    except (AttributeError, RuntimeError):
+        return None
+
+def decode_linear(m, packed, x):  # m(x) = x W^T + b, the same numbers up to rounding: oneDNN, else (W x^T)^T
+    if packed is None:
+        return weight_major_linear(m, x)
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, m.bias, "none", [], "")  # [rows, out]
+    return y.view(*x.shape[:-1], -1)                                                    # [..., out]
+
+def weight_major_linear(m, x):  # (W x^T)^T: MKL streams a weight faster this way than as F.linear's x W^T
     y = (m.weight @ x.reshape(-1, x.shape[-1]).T).T.contiguous().view(*x.shape[:-1], -1)  # [..., out]
     return y if m.bias is None else y + m.bias
 

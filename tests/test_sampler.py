@@ -26,11 +26,13 @@ def chi_square_p(counts, probs):
     return torch.special.gammaincc(torch.tensor((len(obs) - 1) / 2, dtype=stat.dtype), stat / 2).item()  # chi2 sf
 
 
-@pytest.mark.parametrize("sampler", ["fast", "hf", "compiled"])
+@pytest.mark.parametrize("sampler", ["fast", "fast_fp32", "hf", "compiled"])
 def test_first_and_second_token_follow_softmax_at_temperature(tiny_model, sampler):
     """20,000 samples of two tokens, no EOS possible: the empirical frequencies at position 1, and at position 2
-    (the mixture over every first token), pass a chi-square test against the exact probabilities."""
+    (the mixture over every first token), pass a chi-square test against the exact probabilities.
+    fast_fp32: fp32 weights, so on CPU the decode step runs on oneDNN-prepacked weights (float64: W @ x.T)."""
     tok, model = load(tiny_model)
+    model, sampler = (model.float(), "fast") if sampler == "fast_fp32" else (model, sampler)
     prompt = tok.apply_chat_template([{"role": "user", "content": "a b"}], add_generation_prompt=True,
                                      return_tensors="pt", return_dict=True)["input_ids"]
     with torch.no_grad():
@@ -94,14 +96,16 @@ def test_eos_padding_width_masks_and_truncation(tiny_model, sampler):
             assert all(y == pad for y in row[stop + 1:])
 
 
-@pytest.mark.parametrize("sampler,autocast", [("fast", False), ("compiled", False), ("compiled", True)])
+@pytest.mark.parametrize("sampler,autocast", [("fast", False), ("fast_fp32", False), ("compiled", False),
+                                              ("compiled", True)])
 def test_the_sampler_sees_updated_weights(tiny_model, sampler, autocast):
     """Nothing stale is kept between calls (compiled: the graph reads the weights in place; under autocast its bf16
-    twin is refreshed): an in-place update (the optimizer's kind) that makes the policy greedy shows in the very next
-    call. On a machine with CUDA this runs there (CUDA graphs)."""
+    twin is refreshed; fast_fp32 on CPU: the weights are packed for oneDNN anew at every call): an in-place update
+    (the optimizer's kind) that makes the policy greedy shows in the very next call. With CUDA this runs there."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok, model = load(tiny_model)
-    model = model.float().to(device) if device == "cuda" or autocast else model
+    fp32, sampler = sampler == "fast_fp32", sampler.replace("_fp32", "")
+    model = model.float().to(device) if device == "cuda" or autocast or fp32 else model
     prompt = tok("ab", return_tensors="pt")["input_ids"].to(device)
     cfg = SimpleNamespace(sampler=sampler, max_new_tokens=3, temperature=1.0)
     with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
@@ -169,3 +173,34 @@ def test_fast_sampler_decodes_weight_major_on_cpu_and_restores_linear(arch, requ
     with pytest.raises(ZeroDivisionError):
         tg.sample(model, prompt, 4, cfg, eos=[-1], pad_id=0)
     assert not any("forward" in vars(m) for m in model.modules())
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch build")
+@pytest.mark.parametrize("arch", ["tiny_model", "tiny_qwen"])                      # qwen2: q/k/v have biases
+def test_fast_sampler_decodes_fp32_on_prepacked_onednn_weights(arch, request, monkeypatch):
+    """fp32 weights on CPU: every decode call of every nn.Linear gets its weight packed for oneDNN (packed once per
+    sample() call), the output matches F.linear's to fp32 rounding, and the layers are plain nn.Linear afterwards.
+    Under CPU autocast the decode keeps W @ x.T (autocast casts matmuls, as in the update's forward)."""
+    tok, model = load(request.getfixturevalue(arch))
+    model = model.float()
+    prompt = tok("ab", return_tensors="pt")["input_ids"]
+    for m in [model.lm_head, model.model.layers[0].self_attn.q_proj, model.model.layers[0].mlp.down_proj]:
+        x = torch.randn(3, 1, m.in_features)                                           # [rows, 1, in]
+        packed = tg.onednn_pack(m.weight, 3)
+        assert packed is not None
+        assert torch.allclose(tg.decode_linear(m, packed, x), torch.nn.functional.linear(x, m.weight, m.bias),
+                              rtol=1e-5, atol=1e-6)
+    assert tg.onednn_pack(model.lm_head.weight.double(), 3) is None                   # not fp32: W @ x.T instead
+    calls, packs = [], []
+    real, real_pack = tg.decode_linear, tg.onednn_pack
+    monkeypatch.setattr(tg, "decode_linear", lambda m, p, x: calls.append(p is not None) or real(m, p, x))
+    monkeypatch.setattr(tg, "onednn_pack", lambda w, rows: packs.append(rows) or real_pack(w, rows))
+    cfg = SimpleNamespace(sampler="fast", max_new_tokens=3, temperature=1.0)
+    tg.sample(model, prompt, 4, cfg, eos=[-1], pad_id=0)
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert calls == [True] * 2 * n_linear and packs == [4] * n_linear                  # 2 decode steps, packed once
+    assert not any("forward" in vars(m) for m in model.modules())
+    calls.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        tg.sample(model, prompt, 4, cfg, eos=[-1], pad_id=0)
+    assert calls == [False] * 2 * n_linear
