@@ -419,7 +419,7 @@ def sample(model, prompt_ids, n, cfg, eos, pad_id):
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
     linears = linears if prompt_ids.device.type == "cpu" else []                       # measured on CPU only
     autocast = torch.is_autocast_enabled("cpu")                 # then W @ x.T, in autocast's dtype like the update
-    for m in linears:  # CPU decode: each weight packed now (this step's) for oneDNN: 2x F.linear's speed (README)
+    for m in linears:  # CPU decode: each weight packed now (this step's) for oneDNN: ~2x W @ x.T's speed (README)
         m.forward = functools.partial(decode_linear, m, None if autocast else onednn_pack(m.weight, n))
     try:
         for t in range(cfg.max_new_tokens):

@@ -300,3 +300,24 @@ def test_gdpo_reads_the_credit_columns_and_the_other_advantages_do_not():
     parts = C.view(1, 3, -1)
     torch.testing.assert_close(tg.advantages(R, kl, _cfg(advantage="zscore"), parts), tg.ADVANTAGES["zscore"](R))
     torch.testing.assert_close(tg.advantages(R, kl, _cfg(advantage="gdpo"), parts), tg.ADVANTAGES["gdpo"](parts))
+
+
+def test_step_metrics_credit_shares_and_reward_stats_by_hand():
+    """step_metrics on one process: credit/<name> is the share of the N completions that earned it, and the reward,
+    length and truncation metrics equal their values worked out by hand (a wrong divisor or key fails here)."""
+    from types import SimpleNamespace
+    acc = SimpleNamespace(gather=lambda t: t, device="cpu")                       # one process: gather is identity
+    cfg = tg.resolve(tg.Config(group_size=2, prompts_per_step=2, beta=0.0, model="bundled:x"), cuda=False)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]], dtype=torch.float32)  # lengths 2, 3, 1, 3
+    batch = dict(R=torch.tensor([0.3, 1.0, 0.0, 0.3]), mask=mask, adv=torch.tensor([1.0, -1.0, 0.0, 0.0]),
+                 old_lp=None, ref_lp=None)
+    parts = [{"a": True, "boxed": False}, {"a": True, "boxed": True}, {"a": False, "boxed": False},
+             {"a": True, "boxed": False}]
+    truncated = torch.tensor([False, True, False, True])
+    m = tg.step_metrics(acc, batch, torch.zeros(4), torch.zeros(4, 3), truncated, parts, {"time/generate": 2.0}, cfg)
+    assert m["credit/a"] == pytest.approx(0.75) and m["credit/boxed"] == pytest.approx(0.25)
+    assert m["reward/mean"] == pytest.approx(0.4) and m["reward/max"] == pytest.approx(1.0)
+    assert m["reward/frac_zero_std_groups"] == pytest.approx(0.0)                 # groups (0.3, 1.0), (0.0, 0.3)
+    assert m["completion/len_mean"] == pytest.approx(2.25) and m["completion/truncated_frac"] == pytest.approx(0.5)
+    assert m["perf/gen_tokens_per_s"] == pytest.approx(9 / 2.0)
+    assert m["adv/abs_mean"] == pytest.approx(0.5)
