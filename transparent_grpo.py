@@ -529,6 +529,33 @@ def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128, entrop
         (rows,), torch.cat([p[i] for p in parts]) if parts else torch.zeros(0, dtype=dtype)) for i in (0, 1))
     return lp.view_as(mask), ent.view_as(mask)                                          # [B, T], [B, T]
 
+class LeanMLPTail(torch.autograd.Function):
+    """down(act(g) * u), keeping g and u for backward but not act(g) and the product: two [tokens, I] tensors a layer
+    less (README: Performance, CPU). Backward recomputes both with the same ops, so every gradient has the same bits."""
+    @staticmethod
+    def forward(ctx, g, u, w, act):
+        ctx.save_for_backward(g, u, w)
+        ctx.act = act
+        return F.linear(act(g) * u, w)                                                  # [.., H]
+
+    @staticmethod
+    def backward(ctx, dy):
+        g, u, w = ctx.saved_tensors
+        with torch.enable_grad():
+            g_ = g.detach().requires_grad_()
+            a = ctx.act(g_)                                                             # [.., I] act(g) again
+        p = a.detach() * u                                                              # [.., I] the product again
+        dy2, p2 = dy.reshape(-1, dy.shape[-1]), p.reshape(-1, p.shape[-1])            # [tokens, H], [tokens, I]
+        dp = dy2.mm(w).view_as(p)                                                       # dL/dp = dy W
+        dg, = torch.autograd.grad(a, g_, dp * u)                                        # dL/dg = act'(g) * dp * u
+        return dg, dp * a.detach(), p2.t().mm(dy2).t(), None                            # dL/du, dL/dW = dy^T p
+
+def lean_mlp(m, x):  # a gated MLP's forward; with a graph to build, its tail runs as LeanMLPTail
+    g, u = m.gate_proj(x), m.up_proj(x)                                                 # [B, T, I] each
+    if not torch.is_grad_enabled() or m.down_proj.bias is not None:
+        return m.down_proj(m.act_fn(g) * u)                                             # [B, T, H]
+    return LeanMLPTail.apply(g, u, m.down_proj.weight, m.act_fn)                        # [B, T, H]
+
 def unwrap(model):  # DDP and DeepSpeed keep the HF model in .module
     return getattr(model, "module", model)
 
@@ -827,6 +854,9 @@ def setup(cfg):
     if cfg.gradient_checkpointing:  # renamed activation_checkpointing_enable in transformers 5.23
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     ref = copy.deepcopy(model).eval().requires_grad_(False) if needs_reference(cfg) else None
+    for m in model.modules() if not cuda and precision == "no" else []:  # CPU, fp32: leaner MLP activations (§5)
+        if all(hasattr(m, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            m.forward = functools.partial(lean_mlp, m)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0, foreach=False, fused=cuda)
     if acc.distributed_type == DistributedType.DEEPSPEED:  # no dataloader to infer these from; 0 = no clipping
         ds = acc.state.deepspeed_plugin.deepspeed_config

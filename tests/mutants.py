@@ -63,8 +63,19 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
     "reference_path_by_training_mode": ('checkpointing = any(getattr(m, "gradient_checkpointing", False)',
                                         'checkpointing = model.training and any(getattr(m, "gradient_checkpointing", '
                                         'False)'),
+    # the lean MLP tail (checked by the lean tests in tests/test_memory.py)
+    "lean_up_grad_swapped": ("return dg, dp * a.detach(), p2.t().mm(dy2).t(), None",
+                             "return dg, dp * u, p2.t().mm(dy2).t(), None"),
+    "lean_keeps_act": ("ctx.save_for_backward(g, u, w)\n        ctx.act = act\n        return F.linear(act(g) * u, w)",
+                       "a = act(g)\n        ctx.save_for_backward(g, u, w, a)\n        ctx.act = act\n"
+                       "        return F.linear(a * u, w)"),
+    "lean_on_the_reference_too": ("for m in model.modules() if not cuda and precision == \"no\" else []:",
+                                  "for m in [*model.modules(), *(ref.modules() if ref is not None else [])] "
+                                  "if not cuda and precision == \"no\" else []:"),
 }
 SAMPLER = ["tests/test_sampler.py"]
+LEAN = ["tests/test_memory.py::test_lean_mlp_keeps_every_number_and_two_tensors_a_layer_less",
+        "tests/test_memory.py::test_setup_leans_the_policy_mlps_on_cpu_in_fp32_only"]
 REFERENCE = ["tests/test_e2e.py::test_with_gradient_checkpointing_the_reference_computes_what_the_policy_computes"]
 
 
@@ -77,7 +88,8 @@ def run(name, edits):
                 return f"{name}: the text to edit is found {src.count(old)} times (update this script)"
             src = src.replace(old, new)
         open(os.path.join(tmp, "transparent_grpo.py"), "w").write(src)
-        tests = SAMPLER if name.startswith("sampler") else REFERENCE if name.startswith("reference") else FAST
+        tests = SAMPLER if name.startswith("sampler") else REFERENCE if name.startswith("reference") else \
+            LEAN if name.startswith("lean") else FAST
         p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=tmp,
                            capture_output=True, text=True)
         failed = [ln.split(" ")[1] for ln in p.stdout.splitlines() if ln.startswith("FAILED")]
