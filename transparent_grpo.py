@@ -556,6 +556,14 @@ def lean_mlp(m, x):  # a gated MLP's forward; with a graph to build, its tail ru
         return m.down_proj(m.act_fn(g) * u)                                             # [B, T, H]
     return LeanMLPTail.apply(g, u, m.down_proj.weight, m.act_fn)                        # [B, T, H]
 
+def lean_mlps(model):  # each MLP whose forward is down(act(gate(x)) * up(x)) (checked on a random x) runs as lean_mlp
+    for m in model.modules():
+        if all(hasattr(m, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            w, rng = m.gate_proj.weight, torch.Generator().manual_seed(0)              # rng: the run's seed stays
+            x = torch.randn(2, w.shape[1], dtype=w.dtype, generator=rng)                # [2, H]
+            if torch.equal(lean_mlp(m, x), m(x)):
+                m.forward = functools.partial(lean_mlp, m)
+
 def unwrap(model):  # DDP and DeepSpeed keep the HF model in .module
     return getattr(model, "module", model)
 
@@ -854,9 +862,7 @@ def setup(cfg):
     if cfg.gradient_checkpointing:  # renamed activation_checkpointing_enable in transformers 5.23
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     ref = copy.deepcopy(model).eval().requires_grad_(False) if needs_reference(cfg) else None
-    for m in model.modules() if not cuda and precision == "no" else []:  # CPU, fp32: leaner MLP activations (§5)
-        if all(hasattr(m, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            m.forward = functools.partial(lean_mlp, m)
+    not cuda and precision == "no" and lean_mlps(model)                       # CPU, fp32: leaner MLP activations
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0, foreach=False, fused=cuda)
     if acc.distributed_type == DistributedType.DEEPSPEED:  # no dataloader to infer these from; 0 = no clipping
         ds = acc.state.deepspeed_plugin.deepspeed_config

@@ -70,13 +70,16 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
     "lean_keeps_act": ("ctx.save_for_backward(g, u, w)\n        ctx.act = act\n        return F.linear(act(g) * u, w)",
                        "a = act(g)\n        ctx.save_for_backward(g, u, w, a)\n        ctx.act = act\n"
                        "        return F.linear(a * u, w)"),
-    "lean_on_the_reference_too": ("for m in model.modules() if not cuda and precision == \"no\" else []:",
-                                  "for m in [*model.modules(), *(ref.modules() if ref is not None else [])] "
-                                  "if not cuda and precision == \"no\" else []:"),
+    "lean_on_the_reference_too": ('not cuda and precision == "no" and lean_mlps(model)',
+                                  'not cuda and precision == "no" and [lean_mlps(x) for x in (model, ref) if x]'),
+    "lean_any_look_alike": ("if torch.equal(lean_mlp(m, x), m(x)):", "if True:"),
+    "lean_check_draws_from_the_seed": ("x = torch.randn(2, w.shape[1], dtype=w.dtype, generator=rng)",
+                                       "x = torch.randn(2, w.shape[1], dtype=w.dtype)"),
 }
 SAMPLER = ["tests/test_sampler.py"]
 LEAN = ["tests/test_memory.py::test_lean_mlp_keeps_every_number_and_two_tensors_a_layer_less",
-        "tests/test_memory.py::test_setup_leans_the_policy_mlps_on_cpu_in_fp32_only"]
+        "tests/test_memory.py::test_setup_leans_the_policy_mlps_on_cpu_in_fp32_only",
+        "tests/test_memory.py::test_lean_mlps_leaves_look_alikes_and_the_seed_alone"]
 REFERENCE = ["tests/test_e2e.py::test_with_gradient_checkpointing_the_reference_computes_what_the_policy_computes"]
 
 

@@ -110,3 +110,18 @@ def test_setup_leans_the_policy_mlps_on_cpu_in_fp32_only(tiny_model, tmp_path, m
         acc, tok, model, ref = tg.setup(cfg)[:4]
         assert leaned(tg.unwrap(model)) == [expect] * 2 and leaned(ref) == [False] * 2
     AcceleratorState._reset_state(True)
+
+
+def test_lean_mlps_leaves_look_alikes_and_the_seed_alone(tiny_model):
+    """lean_mlps() takes only MLPs whose forward is down(act(gate(x)) * up(x)), checked on a random input drawn from
+    its own generator: a module with the same layers and another forward keeps it, and the run's RNG is not moved."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    odd = model.model.layers[0].mlp
+    odd.forward = lambda x: odd.down_proj(odd.act_fn(odd.up_proj(x)) * odd.gate_proj(x))  # gate and up swapped
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    tg.lean_mlps(model)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert [getattr(m.forward, "func", None) is tg.lean_mlp for m in model.modules() if hasattr(m, "gate_proj")] \
+        == [False, True]
