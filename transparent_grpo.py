@@ -862,7 +862,7 @@ def setup(cfg):
     if cfg.gradient_checkpointing:  # renamed activation_checkpointing_enable in transformers 5.23
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     ref = copy.deepcopy(model).eval().requires_grad_(False) if needs_reference(cfg) else None
-    not cuda and precision == "no" and lean_mlps(model)                       # CPU, fp32: leaner MLP activations
+    not cuda and precision == "no" and lean_mlps(model)                  # CPU without autocast: leaner MLP activations
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0, foreach=False, fused=cuda)
     if acc.distributed_type == DistributedType.DEEPSPEED:  # no dataloader to infer these from; 0 = no clipping
         ds = acc.state.deepspeed_plugin.deepspeed_config
