@@ -8,7 +8,9 @@ import copy, functools, os, sys, time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import transparent_grpo as tg  # noqa: E402
+from test_memory import saved_bytes  # noqa: E402  (the same count as the tests')
 
 
 class RecomputeNorm(torch.autograd.Function):  # f(x) keeping x only; backward runs f again and differentiates it
@@ -49,23 +51,15 @@ def main():
             for mod in m.modules():
                 if type(mod).__name__.endswith("RMSNorm"):
                     mod.forward = functools.partial(lean_norm, mod)
-        seen, total = {p.untyped_storage().data_ptr() for p in m.parameters()}, [0]
-
-        def pack(t):
-            if t.untyped_storage().data_ptr() not in seen:
-                seen.add(t.untyped_storage().data_ptr())
-                total[0] += t.untyped_storage().nbytes()
-            return t
         t0 = time.time()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            lp = tg.token_logprobs(m, ids, P, mask, 0.8, entropy="value")[0]
+        (lp, _, _), nbytes = saved_bytes(m, lambda: tg.token_logprobs(m, ids, P, mask, 0.8, entropy="value"))
         t1 = time.time()
         (lp * mask).sum().backward()
         t2 = time.time()
         res[variant] = lp.detach(), {n: p.grad for n, p in m.named_parameters()}
         same = [torch.equal(res["stock"][0], lp.detach()),
                 all(torch.equal(res["stock"][1][n], g) for n, g in res[variant][1].items())]
-        print(f"{variant:22s} saved {total[0] / 1e9:.3f} GB | forward {t1 - t0:.2f} s, backward {t2 - t1:.2f} s | "
+        print(f"{variant:22s} saved {nbytes / 1e9:.3f} GB | forward {t1 - t0:.2f} s, backward {t2 - t1:.2f} s | "
               f"log-probs bitwise equal: {same[0]}, every gradient bitwise equal: {same[1]}", flush=True)
 
 
