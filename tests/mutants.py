@@ -29,7 +29,8 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
     "k1_in_reward_not_detached": ("l = (lp - ref_lp).detach() * mask", "l = (lp - ref_lp) * mask"),
     "advantage_sign": ("torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True))",
                        "torch.where(std < 1e-6, 0.0, (R.mean(1, keepdim=True) - R)"),
-    "tied_group_pushed": ("torch.where(std < 1e-6, 0.0,", "torch.where(std < 0, 0.0,"),  # the float32 tie residue
+    "tied_group_pushed": ("torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True))",  # the float32 tie residue
+                          "torch.where(std < 0, 0.0, (R - R.mean(1, keepdim=True))"),
     "gdpo_sums_before_zscore": ("A = zscore(C if C.dim() == 3 else C[..., None]).sum(-1)",
                                 "A = zscore((C if C.dim() == 3 else C[..., None]).sum(-1))"),  # = zscore of R
     "gdpo_no_batch_scale": ("A / std.clamp(min=1e-6))", "A)"),
@@ -55,8 +56,8 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
     # the sampler (checked by tests/test_sampler.py only)
     "sampler_ignores_temperature": ("torch.softmax(logits.float() / cfg.temperature, -1)",
                                     "torch.softmax(logits.float(), -1)"),
-    "sampler_sharper_after_first": ("logits = model(input_ids=y, past_key_values=cache",
-                                    "logits = 50 * model(input_ids=y, past_key_values=cache"),
+    "sampler_sharper_after_first": ("            logits = out.logits[:, -1]",
+                                    "            logits = 50 * out.logits[:, -1]"),
     "sampler_keeps_sampling_after_eos": ("if not going.all():", "if False:"),
     "sampler_cache_not_advanced": ("self.len += k.shape[2]", "self.len += 0"),
     "sampler_twin_not_refreshed": ("t.copy_(weights[name])", "t.copy_(weights[name]) if False else None"),

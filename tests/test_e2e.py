@@ -130,8 +130,10 @@ def test_gradient_checkpointing_trains_and_gives_the_same_logprobs(tiny_model, t
 
 def test_with_gradient_checkpointing_the_reference_computes_what_the_policy_computes(tiny_qwen):
     """The reference (eval mode, a copy made after checkpointing was turned on) takes the policy's path through
-    token_logprobs, so in bf16 their log-probs agree to the bit before any update (KL = 0 at step 0). With the
-    shared-prompt KV cache for one and a full forward for the other they differ by ~2e-3 here."""
+    token_logprobs: the same forward calls on the same inputs, so in bf16 their log-probs agree to the bit before any
+    update (KL = 0 at step 0). The shared-prompt KV cache for one and a full forward for the other differed by ~2e-3
+    here on 2026-11-23; with today's torch 2.13 and transformers 5.24 they agree to the bit on this tiny model, so the
+    forward calls are compared as well (else a reference on the other path would pass)."""
     import copy
     from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
@@ -141,9 +143,14 @@ def test_with_gradient_checkpointing_the_reference_computes_what_the_policy_comp
     ids = torch.randint(6, model.config.vocab_size, (4, 40))
     ids[:, :20] = ids[0, :20]                                          # one prompt, 4 completions
     mask = torch.ones(4, 20)
+    calls = {id(model): [], id(ref): []}                               # (input shape, with a cache?) per forward
+    for m in (model, ref):
+        m.register_forward_pre_hook(lambda mod, args, kw: calls[id(mod)].append(
+            (tuple(kw["input_ids"].shape), kw.get("past_key_values") is not None)), with_kwargs=True)
     with torch.no_grad():
         ref_lp = tg.token_logprobs(ref, ids, 20, mask, 1.0)[0]
     policy_lp = tg.token_logprobs(model.train(), ids, 20, mask, 1.0)[0]
+    assert calls[id(model)] == calls[id(ref)] and calls[id(ref)]
     assert torch.equal(policy_lp.detach(), ref_lp)
 
 
