@@ -415,14 +415,15 @@ def gae(rewards, values, mask, gamma, lam):
         A[:, t] = last
     return A, A + values                                                                # advantages, returns [B, T]
 
-def ppo_advantages(R, kl_tok, values, mask, cfg):
-    """Token rewards (-beta*k_t on each token if the KL is in the reward, R on the last), GAE, whitened."""
+def ppo_advantages(R, kl_tok, values, mask, cfg, everyone=lambda x: x):
+    """Token rewards (-beta*k_t on each token if the KL is in the reward, R on the last), GAE, whitened over every
+    process's tokens (everyone(x): all processes' x, concatenated), as one process with the whole batch would."""
     last = (mask.sum(1).long() - 1).clamp(min=0)                                        # [B] index of the last token
     r = -cfg.beta * kl_tok if cfg.kl_placement == "reward" else torch.zeros_like(mask)  # [B, T]
     r = r.scatter_add(1, last[:, None], R[:, None].to(r.dtype))                          # [B, T]
     A, returns = gae(r, values, mask, cfg.gamma, cfg.lam)                               # [B, T], [B, T]
-    on = mask.bool()
-    return (A - A[on].mean()) / A[on].std().clamp(min=1e-6) * mask, returns
+    A_all = everyone(A[mask.bool()])                                                    # [tokens of every process]
+    return (A - A_all.mean()) / A_all.std().clamp(min=1e-6) * mask, returns
 
 # ============================================================================ 7. Objectives
 # b: a minibatch dict. lp, old_lp, ref_lp, mask, entropy: [B, T]; adv: [B] (ppo: [B, T]); R: [B]. agg averages [B, T].
@@ -553,7 +554,8 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         R_learn = R - cfg.truncation_penalty * truncated.float()                           # [N] + shaping (dep. 9)
         C = credit_columns(parts, truncated, cfg.truncation_penalty).to(R) if parts else R_learn[:, None]  # [N, K]
         A = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C.view(-1, G, C.shape[1])).flatten()  # [N]
-        A, returns = (A, None) if cfg.objective != "ppo" else ppo_advantages(R_learn, kl_tok, old_values, mask, cfg)
+        A, returns = (A, None) if cfg.objective != "ppo" else ppo_advantages(R_learn, kl_tok, old_values, mask, cfg,
+                                                                             lambda x: gather_rows(acc, x))
 
         # ---- 5. Update: mu epochs over minibatches, one clipped AdamW step each
         batch = dict(seqs=seqs, old_lp=old_lp, ref_lp=ref_lp, mask=mask, adv=A, R=R_learn, old_values=old_values,
@@ -715,6 +717,13 @@ def match_dtypes(ref, policy):
     dtypes = {name: t.dtype for name, t in [*policy.named_parameters(), *policy.named_buffers()]}
     for name, t in [*ref.named_parameters(), *ref.named_buffers()]:
         t.data = t.data.to(dtypes.get(name, t.dtype))
+
+def gather_rows(acc, x):  # every process's x (their lengths may differ), concatenated in process order
+    if acc.num_processes == 1:
+        return x
+    n = acc.gather(torch.tensor([len(x)], device=x.device)).tolist()                   # [processes]
+    padded = acc.gather(acc.pad_across_processes(x, dim=0)).view(len(n), -1)           # [processes, max n]
+    return torch.cat([row[:k] for row, k in zip(padded, n)])
 
 class ConfigError(ValueError): pass  # a bad input: one line, exit code 2, before any weights load
 class RunError(RuntimeError): pass   # a failure later (saving, a tracker, a checkpoint): one line, exit code 1

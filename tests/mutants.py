@@ -18,8 +18,9 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
                         's = torch.exp(((b["lp"] - b["old_lp"]) * m).sum(1) / m.shape[1])'),
     "kl_in_loss_token_mean": ('loss = loss + cfg.beta * agg(KL_ESTIMATORS', 'loss = loss + cfg.beta * (lambda x: '
                               '(x * b["mask"]).sum() / b["mask"].sum())(KL_ESTIMATORS'),
-    "ppo_no_whitening": ("return (A - A[on].mean()) / A[on].std().clamp(min=1e-6) * mask, returns",
+    "ppo_no_whitening": ("return (A - A_all.mean()) / A_all.std().clamp(min=1e-6) * mask, returns",
                          "return A * mask, returns"),
+    "ppo_whitens_per_process": ("A_all = everyone(A[mask.bool()])", "A_all = A[mask.bool()]"),
     "ppo_kl_reward_sign": ('r = -cfg.beta * kl_tok if', 'r = cfg.beta * kl_tok if'),
     "ppo_value_min": ("v_loss = 0.5 * torch.maximum(", "v_loss = 0.5 * torch.minimum("),
     "dpo_counts_tied_groups": ("/ valid.sum().clamp(min=1)", "/ valid.numel()"),

@@ -25,12 +25,22 @@ try:
 finally:
     json.dump({{"rank": rank, "scored": len(scored)}}, open(os.path.join(cfg.log_dir, f"rank{{rank}}.json"), "w"))
 """
+PPO_WORKER = WORKER.replace("cfg = tg.parse_config(sys.argv[1:])", """cfg = tg.parse_config(sys.argv[1:])
+real, seen = tg.ppo_advantages, []
+
+def spy(*args):  # keeps what this process's ppo_advantages returns on its own completion tokens, step by step
+    A, returns = real(*args)
+    seen.append(A[args[3].bool()].tolist())
+    json.dump(seen, open(os.path.join(cfg.log_dir, f"adv{{rank}}.json"), "w"))
+    return A, returns
+
+tg.ppo_advantages = spy""")
 VOLATILE = ("time/", "perf/")
 
 
-def launch(tmp_path, *args, deepspeed=False, nan_rank=-1, steps=3, run="r", timeout=240):
+def launch(tmp_path, *args, deepspeed=False, nan_rank=-1, steps=3, run="r", timeout=240, worker_text=WORKER):
     worker = tmp_path / "worker.py"
-    worker.write_text(WORKER.format(root=ROOT, nan_rank=nan_rank))
+    worker.write_text(worker_text.format(root=ROOT, nan_rank=nan_rank))
     how = ["--use_deepspeed", "--zero_stage", "2"] if deepspeed else ["--multi_gpu"]
     cmd = [os.path.join(BIN, "accelerate"), "launch", *how, "--num_processes", "2", str(worker), "--model",
            args[0], "--num_steps", str(steps), "--max_new_tokens", "8", "--group_size", "4", "--prompts_per_step", "2",
@@ -74,3 +84,16 @@ def test_nan_on_one_process_skips_on_both_and_stops_together(tmp_path, tiny_mode
     assert p.returncode != 0
     assert "stopping: 2 non-finite losses or gradients in a row at step 1" in p.stdout
     assert [r["optim/skipped_updates"] for r in rows(tmp_path)] == [1.0]
+
+
+def test_two_processes_ppo_whitens_over_the_tokens_of_both(tmp_path, tiny_model):
+    """GAE advantages whitened over both processes' tokens, as one process with the whole batch would: together they
+    have mean 0 and std 1 (whitening each process alone would leave the union's std at sqrt((n-2)/(n-1)) < 1)."""
+    import torch
+    p = launch(tmp_path, tiny_model, "--objective", "ppo", steps=2, worker_text=PPO_WORKER)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    seen = [json.load(open(tmp_path / "logs" / f"adv{rank}.json")) for rank in (0, 1)]
+    for step in (0, 1):
+        both = torch.tensor(seen[0][step] + seen[1][step], dtype=torch.float64)
+        assert len(seen[0][step]) >= 8 and len(seen[1][step]) >= 8
+        assert abs(both.mean().item()) < 1e-5 and abs(both.std().item() - 1) < 1e-5

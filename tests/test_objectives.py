@@ -192,6 +192,24 @@ def test_ppo_advantages_by_hand(placement):
                                    atol=1e-13)
 
 
+def test_ppo_whitens_over_the_tokens_of_every_process():
+    """Two processes with half the batch each, given each other's GAE values (what gather_rows collects), whiten as one
+    process with the whole batch does; a process that whitened its own tokens alone would not."""
+    cfg = cfg_for(objective="ppo", beta=0.2, kl_placement="reward", gamma=0.95, lam=0.9)
+    b = make_batch()
+    kl_tok, _ = tg.sequence_kl(b["lp"], b["ref_lp"], b["mask"], "k1")
+    args = lambda rows: (b["R"][rows], kl_tok[rows], b["old_values"][rows], b["mask"][rows], cfg)
+    whole, _ = tg.ppo_advantages(*args(slice(None)))
+    first, second = slice(0, 3), slice(3, 6)
+    raw = [[], []]                                                        # each process's own A[mask], unwhitened
+    own = [tg.ppo_advantages(*args(rows), lambda x, k=k: raw[k].append(x) or x)[0] for k, rows in
+           enumerate((first, second))]
+    together = torch.cat([tg.ppo_advantages(*args(first), lambda x: torch.cat([x, raw[1][0]]))[0],
+                          tg.ppo_advantages(*args(second), lambda x: torch.cat([raw[0][0], x]))[0]])
+    torch.testing.assert_close(together, whole, rtol=1e-12, atol=1e-13)
+    assert (torch.cat(own) - whole).abs().max() > 1e-2
+
+
 def test_online_dpo_counts_only_groups_that_make_a_pair():
     """Two groups per minibatch, one of them tied: the loss is the mean over the one real pair, not over 2 groups."""
     b = make_batch()
