@@ -268,7 +268,7 @@ def completion_mask(completions, eos):
 def sample(model, prompt_ids, n, cfg, eos, pad_id):
     """n completions of one prompt, each token y_t ~ softmax(logits_t / T) exactly (no top-k, top-p or penalties).
     --sampler fast, below: the prompt runs once, its KV cache is copied into n rows (InPlaceKV), then one forward per
-    token for the unfinished rows. hf and compiled: generate(). Both helpers are in §10."""
+    token for the unfinished rows. hf and compiled: generate(). These helpers live in §10."""
     kind = sampler_kind(cfg.sampler, prompt_ids.device.type)
     out = None if kind != "fast" else model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)  # [1, 1, V]
     if out is None or any(type(layer) is not DynamicLayer for layer in getattr(out.past_key_values, "layers", [0])):

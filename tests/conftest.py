@@ -55,6 +55,10 @@ def tiny_qwen(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen"), arch="qwen2")
 
 
+def rmsnorm_in_input_dtype(self, h):  # HF's formula: weight * h / sqrt(mean(h^2) + eps), without the cast to float32
+    return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
 @pytest.fixture
 def float64_norms(monkeypatch):
     """Llama's and Qwen2's RMSNorm in the input's dtype. HF's computes in float32 even in a float64 model, so two
@@ -62,9 +66,6 @@ def float64_norms(monkeypatch):
     after it) differ at float32 rounding, ~1e-7; with this the exact-math tests are exact to float64 rounding."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
-
-    def forward(self, h):  # HF's formula: weight * h / sqrt(mean(h^2) + eps), without the cast to float32
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
     for cls in (LlamaRMSNorm, Qwen2RMSNorm):
-        monkeypatch.setattr(cls, "forward", forward)
+        monkeypatch.setattr(cls, "forward", rmsnorm_in_input_dtype)
 

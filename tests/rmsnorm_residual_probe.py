@@ -12,14 +12,10 @@ import torch
 
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(__file__))]
 import transparent_grpo as tg
-from conftest import make_tiny_model
+from conftest import make_tiny_model, rmsnorm_in_input_dtype
 from transformers import AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
-
-
-def norm64(self, h):  # HF's formula without the cast to float32
-    return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
 
 torch.manual_seed(0)
@@ -30,7 +26,7 @@ for arch, cls in (("llama", LlamaRMSNorm), ("qwen2", Qwen2RMSNorm)):
     mask = torch.ones(3, 6)
     mask[1, 3:] = 0
     stock = cls.forward
-    for name, forward in (("HF RMSNorm (float32 inside)", stock), ("the same norm in float64", norm64)):
+    for name, forward in (("HF RMSNorm (float32 inside)", stock), ("the same norm in float64", rmsnorm_in_input_dtype)):
         cls.forward = forward
         model = AutoModelForCausalLM.from_pretrained(folder).double()
 
