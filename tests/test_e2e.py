@@ -175,7 +175,7 @@ def test_cpu_default_configuration_two_steps(tmp_path):
     rows = [json.loads(ln) for ln in open(tmp_path / "logs" / "t.jsonl")]
     assert [r["step"] for r in rows] == [0, 1] and all(math.isfinite(v) for r in rows for v in r.values())
     config = json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("config: "))[8:])
-    preset = tg.PRESETS["cpu"]
+    preset = tg.PRESETS["smollm2-135m"]
     assert all(config[k] == v for k, v in preset.items() if k not in ("num_steps", "max_new_tokens"))
 
 
