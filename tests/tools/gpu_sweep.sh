@@ -5,7 +5,7 @@
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 M=${M:-/tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf}; L=${L:-${OUT:-/tmp}/runs}; mkdir -p $L
-S="python3 tests/seeds.py --seeds ${SEEDS:-100-103} --parallel 4 --log_dir $L"
+S="python3 tests/tools/seeds.py --seeds ${SEEDS:-100-103} --parallel 4 --log_dir $L"
 B="--model $M --output_dir /tmp/o --time_limit ${TL:-6.5}"
 E="--entropy_target 0.2 --entropy_step 5e-3 --entropy_coef_max 0.1 --halves_temperature 0.8"
 $S --name g16 -- $B --group_size 16 --num_steps 64 > $L/g16.txt 2>&1 &
@@ -14,4 +14,4 @@ $S --name g8-ent -- $B --num_steps 120 $E > $L/g8-ent.txt 2>&1 &
 for t in 60 120 240; do sleep 60; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader; \
   tail -qn1 $L/*seed*.log 2>/dev/null | cut -c1-110; done
 wait
-python3 tests/seeds.py --table $L/*.jsonl
+python3 tests/tools/seeds.py --table $L/*.jsonl

