@@ -7,18 +7,17 @@ Every step: Generate (§4) -> Reward (§2) -> KL (§5, §6) -> Advantage (§6) -
 Swap a piece with a flag, or by editing one line of a registry: KL_ESTIMATORS, ADVANTAGES, OBJECTIVES.
 
 How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step departs from the textbook):
- 1. The KL penalty goes into the *reward* (K1 = logpi_old - logpi_ref summed over the completion, detached): on-policy
-    an unbiased estimate of the gradient of KL(pi || pi_ref); K1 in the loss has zero expected gradient (test_math).
- 2. The task reward is group-normalised first and the KL part added after, never divided by the group std (else tied
-    rewards make the advantage -(KL_i - mean)/std(KL), and beta loses its meaning); the KL part's baseline is the
-    mean of the *other* samples, so it stays unbiased.
- 3. Plain temperature sampling (no top-k/top-p/penalties) and log-probs at logits/T: pi_old is the distribution the
-    tokens came from (exactly, but for one GPU's compiled sampler, which reads a bf16 copy of fp32 weights: README).
+ 1. The KL penalty goes into the *reward*: K1 = logpi_old - logpi_ref summed over the completion, detached, is on-policy
+    an unbiased estimate of the gradient of KL(pi || pi_ref) (K1 in the loss has zero expected gradient: test_math).
+ 2. It is added after the task reward's group normalisation, never divided by std (else tied rewards make the advantage
+    -(KL_i - mean)/std(KL) and beta loses its meaning), with the mean of the *other* samples as its baseline (unbiased).
+ 3. Plain temperature sampling, log-probs at logits/T: pi_old is the distribution the tokens came from (exactly, but
+    for one GPU's compiled sampler, which reads a bf16 copy of fp32 weights: README).
  4. Completion masks come from the first EOS, which is kept and trained on (pad == EOS is common).
- 5. With mu = 1 and one minibatch, pi_old = pi_theta: the old log-probs are the current ones, detached, and the same
-    forward serves the update (the ratio is 1 and no clip acts; mu > 1 brings the clip into play).
- 6. Groups whose G rewards tie get zero task advantage (no 0/0); their share is logged.
- 7. An optional entropy bonus whose coefficient follows a target entropy (Skywork-OR1), off unless --entropy_target.
+ 5. With mu = 1 and one minibatch pi_old = pi_theta: one forward gives the old log-probs (detached) and the update's
+    graph (the ratio is 1, no clip acts). 6. A tied group gets zero task advantage (no 0/0); their share is logged.
+ 7. An entropy bonus whose coefficient steers the entropy to a target (Skywork-OR1): --entropy_target, on in the small
+    recipe, as are two shaping terms of the toy reward (README: The toy task).
 """
 import contextlib, copy, ctypes, functools, inspect, json, math, os, re, resource, shutil, sys, time, weakref
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -34,11 +33,11 @@ from transformers.cache_utils import DynamicLayer
 PRESETS = {  # one recipe per model; the model picks it (preset_for, §9), --preset names one; any flag you pass wins
     "qwen2.5-3b": dict(model="Qwen/Qwen2.5-3B-Instruct", group_size=4, prompts_per_step=1, max_new_tokens=512,
                        temperature=1.0, learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3,
-                       worked_examples=0, truncation_penalty=0.0, consistency_penalty=0.0, entropy_coef=0.0,
+                       worked_examples=0, truncation_penalty=0.0, consistency_bonus=0.0, entropy_coef=0.0,
                        entropy_target=0.0),
     "smollm2-135m": dict(model="bundled:SmolLM2-135M-Instruct", group_size=16, prompts_per_step=1, max_new_tokens=192,
                          temperature=0.8, learning_rate=2e-5, num_steps=60, beta=0.02, inner_epochs=1,
-                         worked_examples=2, truncation_penalty=0.1, consistency_penalty=0.2, entropy_coef=0.0,
+                         worked_examples=2, truncation_penalty=0.1, consistency_bonus=0.3, entropy_coef=0.0,
                          entropy_target=0.2),
 }
 OBJECTIVE_DEFAULTS = {  # objective-specific defaults, applied before the presets (flags still win)
@@ -50,10 +49,10 @@ def flag(default, help, **kw):
     return field(default=default, metadata={"help": help, **kw})
 
 @dataclass
-class Config:  # every field is a flag: --name value (None: the preset's or the objective's default)
+class Recipe:  # the algorithm's flags: --name value (None: the preset's or the objective's); Config (§9) adds
+    # the plumbing's (dtype, sampler, seed, logs, checkpoints)
     model: str = flag("auto", "auto (GPU: Qwen2.5-3B-Instruct, CPU: bundled SmolLM2-135M), a hub id, folder or .gguf")
     preset: Optional[str] = flag(None, "a key of PRESETS (default: the model's own recipe, else the device's)")
-    dtype: str = flag("auto", "auto | fp32 | bf16: the trained weights (auto: fp32, with bf16 autocast on GPU)")
     objective: str = flag("grpo", "policy loss, a key of OBJECTIVES (§7)")
     kl_estimator: str = flag("k1", "per-token KL estimator, a key of KL_ESTIMATORS (§6)")
     kl_placement: Optional[str] = flag(None, "reward | loss | none: where beta*KL goes (default reward)")
@@ -64,7 +63,6 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     temperature: Optional[float] = flag(None, "sampling temperature; log-probs use the same")
     learning_rate: Optional[float] = flag(None, "AdamW learning rate")
     num_steps: Optional[int] = flag(None, "rollout + update steps")
-    time_limit: float = flag(0.0, "stop early once the steps took this many minutes in all (0: no limit)")
     beta: Optional[float] = flag(None, "KL coefficient (online_dpo: the DPO beta)")
     clip_eps: Optional[float] = flag(None, "lower clip: ratio >= 1-eps (default 0.2)", aliases=["--clip_eps_low"])
     clip_eps_high: Optional[float] = flag(None, "upper clip: ratio <= 1+eps (default clip_eps)")
@@ -72,7 +70,7 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     minibatch_size: Optional[int] = flag(None, "sequences per optimizer step; divides the batch (default: all)")
     worked_examples: Optional[int] = flag(None, "how many solved instances of the family (EXAMPLES) come first")
     truncation_penalty: Optional[float] = flag(None, "shaping taken from the learning reward of a truncated completion")
-    consistency_penalty: Optional[float] = flag(None, "shaping taken from a completion whose box is not its a + b")
+    consistency_bonus: Optional[float] = flag(None, "shaping given to a box that holds the a + b stated before it")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
     entropy_coef: Optional[float] = flag(None, "entropy bonus coefficient (with --entropy_target: its start)")
     entropy_target: Optional[float] = flag(None, "adaptive bonus: the token entropy its coefficient steers to (0: off)")
@@ -83,19 +81,6 @@ class Config:  # every field is a flag: --name value (None: the preset's or the 
     lam: float = flag(0.95, "ppo: GAE lambda")
     vf_coef: float = flag(0.1, "ppo: value loss coefficient")
     vf_clip: float = flag(0.2, "ppo: value clip range")
-    gradient_checkpointing: bool = flag(False, "trade compute for activation memory")
-    sampler: str = flag("auto", "auto (GPU: compiled, CPU: fast) | plain (§4's loop) | fast | hf | compiled (§10)")
-    seed: int = flag(0, "seeds python, numpy, torch and sampling")
-    run_name: Optional[str] = flag(None, "logs/<run_name>.{jsonl,log} (default objective-kl-model-seed)")
-    output_dir: str = flag("out", "checkpoints and the final model go to <output_dir>/<run_name>/")
-    log_dir: str = flag("logs", "where the .jsonl and .log files go")
-    save_every: int = flag(0, "checkpoint every N steps (0: only the final model)")
-    keep_last: int = flag(2, "checkpoints to keep")
-    resume: bool = flag(False, "continue from the newest checkpoint of this run")
-    resume_from: Optional[str] = flag(None, "continue from this checkpoint folder")
-    report_to: str = flag("none", "none | tensorboard | wandb (the JSONL log is always written)")
-    max_bad_updates: int = flag(3, "stop after this many non-finite updates in a row")
-    plot: Optional[str] = flag(None, "draw img/<name>.png from this JSONL log and exit")
 
 # ============================================================================ 2. Toy environment and reward
 SYSTEM_PROMPT = ("You are a helpful assistant. Solve the math problem step by step, "
@@ -173,7 +158,7 @@ def credits(text: str) -> dict:
     text = tidy(text)
     return {name: bool(test(text) if callable(test) else re.search(test, text)) for _, name, test in CREDIT}
 
-def consistent(text: str) -> bool:  # shaping, not credit: the box holds the a + b the completion itself states
+def consistent(text: str) -> bool:  # shaping, not credit: the box holds the sum of the a and b stated before it
     a, b, box = stated_value("a", tidy(text)), stated_value("b", tidy(text)), final_boxed(tidy(text))
     return None not in (a, b, box) and box == a + b
 
@@ -411,7 +396,7 @@ def entropy_coef(coef, H, cfg):
     return min(max(coef + cfg.entropy_step * (1 if H < cfg.entropy_target else -1), 0.0), cfg.entropy_coef_max)
 
 # ============================================================================ 8. Training loop
-def train(cfg: Config, reward_fn=toy_reward, messages=None):
+def train(cfg: "Config", reward_fn=toy_reward, messages=None):
     from tqdm.auto import tqdm
     acc, tok, model, ref, opt, log = setup(cfg)                            # §9: accelerator, policy, reference, AdamW
     prompt = chat_prompt(tok, messages or toy_messages(cfg.worked_examples), model, cfg).to(acc.device)  # [1, P]
@@ -439,20 +424,18 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
         with acc.autocast(), torch.no_grad():
             ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, cfg.temperature, prompt_memo=ref_memo,
                                                              entropy=None)[0]              # [N, T]
-        # With mu = 1 this forward is also the update's (pi_old = pi_theta): it keeps its graph for phase 5.
-        bonus = single_update and bool(cfg.entropy_coef or cfg.entropy_target)           # its graph is needed
-        with acc.autocast(), torch.set_grad_enabled(single_update):
-            now = token_logprobs(model, seqs, P, mask, cfg.temperature, cfg.objective == "ppo",
-                                 entropy="grad" if bonus else "value")
+        with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is phase 5's
+            now = token_logprobs(model, seqs, P, mask, cfg.temperature, cfg.objective == "ppo", entropy="grad" if
+                                 single_update and (cfg.entropy_coef or cfg.entropy_target) else "value")
         old_lp, ent, old_values = (x.detach() if x is not None else None for x in now)     # [N, T] each
         kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
         t3 = time.time()
 
         # ---- 4. Advantage: the task reward normalised within each group, minus beta * (KL_i - mean of the others)
-        shaping = cfg.truncation_penalty * truncated.float()                               # [N] (README: shaping)
-        if reward_fn is toy_reward:                                                        # a guessed box pays less
-            shaping += cfg.consistency_penalty * torch.tensor([not consistent(t) for t in texts], device=R.device)
-        R_learn = R - shaping                                                              # [N]
+        shaping = -cfg.truncation_penalty * truncated.float()                              # [N] (README: The toy task)
+        if reward_fn is toy_reward:                                                        # worked out, not guessed
+            shaping += cfg.consistency_bonus * torch.tensor([consistent(t) for t in texts], device=R.device)
+        R_learn = R + shaping                                                              # [N]
         A, returns = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg).flatten(), None  # [N]
         if cfg.objective == "ppo":                                                         # per token, from a critic
             A, returns = ppo_advantages(R_learn, kl_tok, old_values, mask, cfg, lambda x: gather_rows(acc, x))
@@ -471,7 +454,7 @@ def train(cfg: Config, reward_fn=toy_reward, messages=None):
             ref_memo.clear()                                                    # its prompt pass is stale now
 
         # ---- log (a sample now and then), checkpoint, stop
-        stats.update({"entropy/coef": coef, "reward/shaping": -shaping.mean().item(), "time/generate": t1 - t0,
+        stats.update({"entropy/coef": coef, "reward/shaping": shaping.mean().item(), "time/generate": t1 - t0,
                       "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": time.time() - t3,
                       "time/step": time.time() - t0})
         parts = [credits(t) for t in texts] if reward_fn is toy_reward else []           # logged: credit/<step>
@@ -517,6 +500,24 @@ def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
 
 # ###### The algorithm ends here. Below it, the plumbing: setup and checks, speed and memory, logs and checkpoints
 # ============================================================================ 9. Setup and input checks
+@dataclass
+class Config(Recipe):  # every flag of the script: the Recipe's (§1), then the plumbing's
+    dtype: str = flag("auto", "auto | fp32 | bf16: the trained weights (auto: fp32, with bf16 autocast on GPU)")
+    time_limit: float = flag(0.0, "stop early once the steps took this many minutes in all (0: no limit)")
+    gradient_checkpointing: bool = flag(False, "trade compute for activation memory")
+    sampler: str = flag("auto", "auto (GPU: compiled, CPU: fast) | plain (§4's loop) | fast | hf | compiled (§10)")
+    seed: int = flag(0, "seeds python, numpy, torch and sampling")
+    run_name: Optional[str] = flag(None, "logs/<run_name>.{jsonl,log} (default objective-kl-model-seed)")
+    output_dir: str = flag("out", "checkpoints and the final model go to <output_dir>/<run_name>/")
+    log_dir: str = flag("logs", "where the .jsonl and .log files go")
+    save_every: int = flag(0, "checkpoint every N steps (0: only the final model)")
+    keep_last: int = flag(2, "checkpoints to keep")
+    resume: bool = flag(False, "continue from the newest checkpoint of this run")
+    resume_from: Optional[str] = flag(None, "continue from this checkpoint folder")
+    report_to: str = flag("none", "none | tensorboard | wandb (the JSONL log is always written)")
+    max_bad_updates: int = flag(3, "stop after this many non-finite updates in a row")
+    plot: Optional[str] = flag(None, "draw img/<name>.png from this JSONL log and exit")
+
 def unwrap(model):  # DDP and DeepSpeed keep the HF model in .module
     return getattr(model, "module", model)
 
@@ -653,7 +654,7 @@ RULES = [  # (flags, allowed?, what is allowed)
      lambda v: v >= 1, "must be a positive integer"),
     ("learning_rate temperature clip_eps clip_eps_high vf_clip", lambda v: 0 < v < math.inf,
      "must be a finite number > 0"),
-    ("beta truncation_penalty consistency_penalty max_grad_norm entropy_coef entropy_target entropy_step "
+    ("beta truncation_penalty consistency_bonus max_grad_norm entropy_coef entropy_target entropy_step "
      "entropy_coef_max vf_coef save_every ref_update_every time_limit", lambda v: 0 <= v < math.inf,
      "must be a finite number >= 0"),
     ("seed", lambda v: 0 <= v < 2 ** 32, "must be an integer in [0, 2**32)"),
@@ -904,17 +905,17 @@ class InPlaceKV(DynamicLayer):
 
 @contextlib.contextmanager
 def decode_linears(model, n, device):
-    """While sample() decodes on CPU, each nn.Linear runs decode_linear on its weight packed now (this step's) for
-    oneDNN, ~2x W @ x.T's speed (README: Performance, CPU); under autocast, W @ x.T in autocast's dtype."""
+    """While fast_sample decodes on CPU, each fp32 nn.Linear runs on its weight packed now (this step's) for oneDNN, ~2x
+    F.linear's speed for a few rows (README: Performance); other dtypes, CPU autocast or no oneDNN keep F.linear."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
-    linears = linears if device.type == "cpu" else []                                  # measured on CPU only
-    autocast = torch.is_autocast_enabled("cpu")
-    for m in linears:
-        m.forward = functools.partial(decode_linear, m, None if autocast else onednn_pack(m.weight, n))
+    packed = {} if device.type != "cpu" or torch.is_autocast_enabled("cpu") else {
+        m: p for m in linears for p in [onednn_pack(m.weight, n)] if p is not None}
+    for m, p in packed.items():
+        m.forward = functools.partial(decode_linear, m, p)
     try:
         yield
     finally:
-        for m in linears:
+        for m in packed:
             del m.forward                                                               # nn.Linear.forward again
 
 def onednn_pack(w, rows):  # w in oneDNN's blocked layout for `rows` rows; None if not fp32 or there is no oneDNN
@@ -923,15 +924,9 @@ def onednn_pack(w, rows):  # w in oneDNN's blocked layout for `rows` rows; None 
     except (AttributeError, RuntimeError):
         return None
 
-def decode_linear(m, packed, x):  # m(x) = x W^T + b, the same numbers up to rounding: oneDNN, else (W x^T)^T
-    if packed is None:
-        return weight_major_linear(m, x)
+def decode_linear(m, packed, x):  # m(x) = x W^T + b on oneDNN's packed W: the same numbers up to rounding
     y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, m.bias, "none", [], "")  # [rows, out]
     return y.view(*x.shape[:-1], -1)                                                    # [..., out]
-
-def weight_major_linear(m, x):  # (W x^T)^T: MKL streams a weight faster this way than as F.linear's x W^T
-    y = (m.weight @ x.reshape(-1, x.shape[-1]).T).T.contiguous().view(*x.shape[:-1], -1)  # [..., out]
-    return y if m.bias is None else y + m.bias
 
 SAMPLERS = {  # --sampler: each draws what sample() draws (test_sampler), faster
     "fast": fast_sample,                                                               # CPU's default

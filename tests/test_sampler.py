@@ -151,36 +151,12 @@ def test_main_asks_for_expandable_segments_unless_the_user_chose(monkeypatch):
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
 
 
-@pytest.mark.parametrize("arch", ["tiny_model", "tiny_qwen"])                      # qwen2: q/k/v have biases
-def test_fast_sampler_decodes_weight_major_on_cpu_and_restores_linear(arch, request, monkeypatch):
-    """On CPU the fast sampler's decode steps run each nn.Linear as (W x^T)^T (README: Performance, CPU); every layer is
-    plain nn.Linear again afterwards, also when a step fails, and the outputs match F.linear's to rounding."""
-    tok, model = load(request.getfixturevalue(arch))
-    prompt = tok("ab", return_tensors="pt")["input_ids"]
-    for m in [model.lm_head, model.model.layers[0].self_attn.q_proj, model.model.layers[0].mlp.down_proj]:
-        x = torch.randn(3, 2, m.in_features, dtype=torch.float64)                       # [B, T, in]
-        assert torch.allclose(tg.weight_major_linear(m, x), torch.nn.functional.linear(x, m.weight, m.bias),
-                              rtol=1e-12, atol=1e-12)
-    calls = []
-    real = tg.weight_major_linear
-    monkeypatch.setattr(tg, "weight_major_linear", lambda m, x: calls.append(1) or real(m, x))
-    cfg = SimpleNamespace(sampler="fast", max_new_tokens=3, temperature=1.0)
-    tg.sample(model, prompt, 4, cfg, eos=[-1], pad_id=0)
-    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
-    assert len(calls) == 2 * n_linear                                                   # 2 decode steps, not prefill
-    assert not any("forward" in vars(m) for m in model.modules())
-    monkeypatch.setattr(tg, "weight_major_linear", lambda m, x: 1 / 0)
-    with pytest.raises(ZeroDivisionError):
-        tg.sample(model, prompt, 4, cfg, eos=[-1], pad_id=0)
-    assert not any("forward" in vars(m) for m in model.modules())
-
-
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch build")
 @pytest.mark.parametrize("arch", ["tiny_model", "tiny_qwen"])                      # qwen2: q/k/v have biases
 def test_fast_sampler_decodes_fp32_on_prepacked_onednn_weights(arch, request, monkeypatch):
     """fp32 weights on CPU: every decode call of every nn.Linear gets its weight packed for oneDNN (packed once per
-    sample() call), the output matches F.linear's to fp32 rounding, and the layers are plain nn.Linear afterwards.
-    Under CPU autocast the decode keeps W @ x.T (autocast casts matmuls, as in the update's forward)."""
+    sample() call), the output matches F.linear's to fp32 rounding, and the layers are plain nn.Linear afterwards, also
+    when a step fails. Under CPU autocast, and for float64 weights, the decode keeps F.linear."""
     tok, model = load(request.getfixturevalue(arch))
     model = model.float()
     prompt = tok("ab", return_tensors="pt")["input_ids"]
@@ -190,7 +166,7 @@ def test_fast_sampler_decodes_fp32_on_prepacked_onednn_weights(arch, request, mo
         assert packed is not None
         assert torch.allclose(tg.decode_linear(m, packed, x), torch.nn.functional.linear(x, m.weight, m.bias),
                               rtol=1e-5, atol=1e-6)
-    assert tg.onednn_pack(model.lm_head.weight.double(), 3) is None                   # not fp32: W @ x.T instead
+    assert tg.onednn_pack(model.lm_head.weight.double(), 3) is None                   # not fp32: F.linear
     calls, packs = [], []
     real, real_pack = tg.decode_linear, tg.onednn_pack
     monkeypatch.setattr(tg, "decode_linear", lambda m, p, x: calls.append(p is not None) or real(m, p, x))
@@ -203,7 +179,12 @@ def test_fast_sampler_decodes_fp32_on_prepacked_onednn_weights(arch, request, mo
     calls.clear()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         tg.sample(model, prompt, 4, cfg, eos=[-1], pad_id=0)
-    assert calls == [False] * 2 * n_linear
+    tg.sample(model.double(), prompt, 4, cfg, eos=[-1], pad_id=0)
+    assert calls == []                                                                  # autocast, float64: F.linear
+    monkeypatch.setattr(tg, "decode_linear", lambda m, p, x: 1 / 0)
+    with pytest.raises(ZeroDivisionError):                                              # a failed step ...
+        tg.sample(model.float(), prompt, 4, cfg, eos=[-1], pad_id=0)
+    assert not any("forward" in vars(m) for m in model.modules())                     # ... leaves plain layers
 
 
 class OldKeyword(torch.nn.Module):

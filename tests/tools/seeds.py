@@ -11,7 +11,7 @@ Everything after `--` goes to transparent_grpo.py. Runs side by side share the m
 of the cores (pinned); on a GPU they share the one device. A run is judged on the problem's own steps (a curriculum's
 halves are left out): it passes when 5 of them in a row average >= 0.8 (--threshold).
 """
-import argparse, json, os, shutil, statistics, subprocess, sys, time
+import argparse, gzip, json, os, shutil, statistics, subprocess, sys, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,8 +24,9 @@ def seeds_of(text):  # "0-7" or "0,3,5" or "8-11,20"
     return out
 
 
-def rows_of(path):
-    return [json.loads(ln) for ln in open(path) if ln.strip()]
+def rows_of(path):  # a JSONL log, or one gzipped (.jsonl.gz)
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        return [json.loads(ln) for ln in f if ln.strip()]
 
 
 def judge(path, threshold=0.8, window=5):
@@ -40,7 +41,7 @@ def judge(path, threshold=0.8, window=5):
     means = [(main[j + window - 1][0], sum(v for _, v in main[j:j + window]) / window)
              for j in range(len(main) - window + 1)]
     hit = next(((i, v) for i, v in means if v >= threshold - 1e-9), None)
-    return {"run": os.path.basename(path).rsplit(".", 1)[0], "steps": len(rows),
+    return {"run": os.path.basename(path).split(".jsonl")[0], "steps": len(rows),
             "best": max((v for _, v in means), default=float("nan")),
             "first": rows[hit[0]]["step"] if hit else None,
             "minutes_to_first": minutes[hit[0]] if hit else None, "minutes": minutes[-1] if rows else 0.0}
