@@ -20,7 +20,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step 
     recipe, as are two shaping terms of the toy reward (README: The toy task).
 """
 import contextlib, copy, ctypes, functools, inspect, json, math, os, re, resource, shutil, sys, time, weakref
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from shlex import quote as shlex_quote
 from typing import Optional
 
@@ -33,11 +33,10 @@ from transformers.cache_utils import DynamicLayer
 PRESETS = {  # one recipe per model; the model picks it (preset_for, §9), --preset names one; any flag you pass wins
     "qwen2.5-3b": dict(model="Qwen/Qwen2.5-3B-Instruct", group_size=4, prompts_per_step=1, max_new_tokens=512,
                        temperature=1.0, learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3,
-                       worked_examples=0, truncation_penalty=0.0, consistency_bonus=0.0, entropy_coef=0.0,
-                       entropy_target=0.0),
+                       worked_examples=0, truncation_penalty=0.0, consistency_bonus=0.0, entropy_target=0.0),
     "smollm2-135m": dict(model="bundled:SmolLM2-135M-Instruct", group_size=16, prompts_per_step=1, max_new_tokens=192,
                          temperature=0.8, learning_rate=2e-5, num_steps=60, beta=0.02, inner_epochs=1,
-                         worked_examples=2, truncation_penalty=0.1, consistency_bonus=0.3, entropy_coef=0.0,
+                         worked_examples=2, truncation_penalty=0.1, consistency_bonus=0.3, advantage="gdpo",
                          entropy_target=0.2),
 }
 OBJECTIVE_DEFAULTS = {  # objective-specific defaults, applied before the presets (flags still win)
@@ -72,7 +71,7 @@ class Recipe:  # the algorithm's flags: --name value (None: the preset's or the 
     truncation_penalty: Optional[float] = flag(None, "shaping taken from the learning reward of a truncated completion")
     consistency_bonus: Optional[float] = flag(None, "shaping given to a box that holds the a + b stated before it")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
-    entropy_coef: Optional[float] = flag(None, "entropy bonus coefficient (with --entropy_target: its start)")
+    entropy_coef: float = flag(0.0, "entropy bonus coefficient (with --entropy_target: its start)")
     entropy_target: Optional[float] = flag(None, "adaptive bonus: the token entropy its coefficient steers to (0: off)")
     entropy_step: float = flag(5e-3, "adaptive bonus: the coefficient's change per step")
     entropy_coef_max: float = flag(0.1, "adaptive bonus: the coefficient's cap")
@@ -165,6 +164,15 @@ def consistent(text: str) -> bool:  # shaping, not credit: the box holds the sum
 def toy_reward(text: str) -> float:
     """Partial credit in [0, 1]: the sum of the weights of the CREDIT steps stated correctly."""
     return sum(w for (w, _, _), earned in zip(CREDIT, credits(text).values()) if earned)
+
+def reward_columns(texts, R, truncated, cfg, toy):
+    """[N, K]: the learning reward in parts, summing to R + shaping: each CREDIT's weight where earned (your own reward:
+    R itself), -truncation_penalty where truncated, +consistency_bonus where the box is the stated a + b (toy)."""
+    task = [[w * got for (w, _, _), got in zip(CREDIT, credits(t).values())] for t in texts] if toy else R[:, None]
+    task = torch.as_tensor(task, dtype=torch.float32).cpu()                              # [N, K] or [N, 1]
+    shaping = [[-cfg.truncation_penalty * cut, cfg.consistency_bonus * (toy and consistent(t))]
+               for t, cut in zip(texts, truncated.tolist())]
+    return torch.cat([task, torch.tensor(shaping)], 1).to(R.device)                    # [N, K + 2]
 
 def toy_messages(worked_examples):  # the chat: the system prompt, the solved instances (user, assistant), the task
     shots = [{"role": role, "content": text} for shot in EXAMPLES[:worked_examples]
@@ -272,12 +280,18 @@ def zscore(R):  # (R - mean) / std per group; a tied group gets exactly 0 (its f
     std = R.std(1, keepdim=True)                                                        # [P, 1]
     return torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True)) / std.clamp(min=1e-6))  # [P, G]
 
+def gdpo(C):  # GDPO (Liu et al. 2026): each part of the reward z-scored in its group, summed, then / std over the batch
+    A = zscore(C if C.dim() == 3 else C[..., None]).sum(-1)                             # [P, G] C: [P, G, K]
+    std = A.std() if A.numel() > 1 else A.new_zeros(())
+    return torch.where(std < 1e-6, 0.0, A / std.clamp(min=1e-6))                        # [P, G]
+
 ADVANTAGES = {  # task-reward advantage within each group; R: [P, G]
     "zscore": zscore,                                                                  # GRPO
     "mean": lambda R: R - R.mean(1, keepdim=True),                                     # Dr.GRPO
     "rloo": lambda R: (R - R.mean(1, keepdim=True)) * R.shape[1] / (R.shape[1] - 1),   # R_i - mean_{j!=i} R_j
     "none": lambda R: R,                                                               # plain REINFORCE
     "gae": lambda R: R - R.mean(1, keepdim=True),  # ppo: token advantages come from gae() below; this is only logged
+    "gdpo": gdpo,                                     # each part of the reward on its own scale (C: [P, G, K])
 }
 
 def sequence_kl(lp, ref_lp, mask, estimator):
@@ -287,10 +301,10 @@ def sequence_kl(lp, ref_lp, mask, estimator):
     kl_tok = KL_ESTIMATORS[estimator](l) * mask                                         # [B, T]
     return kl_tok, kl_tok.sum(1)                                                        # [B, T], [B]
 
-def advantages(R, kl_seq, cfg):
-    """A_i = ADV(R)_i - beta * (KL_i - mean_{j!=i} KL_j).   R, kl_seq: [P, G] -> [P, G]
+def advantages(R, kl_seq, cfg, C=None):
+    """A_i = ADV(R)_i - beta * (KL_i - mean_{j!=i} KL_j).   R, kl_seq: [P, G] -> [P, G]; gdpo reads C: [P, G, K]
     The KL part (K1 in the reward) is added after normalising R and never divided by std(R): beta keeps its meaning."""
-    A = ADVANTAGES[cfg.advantage](R)                                                    # [P, G]
+    A = ADVANTAGES[cfg.advantage](C if cfg.advantage == "gdpo" and C is not None else R)  # [P, G]
     if cfg.kl_placement == "reward":
         G = kl_seq.shape[1]
         A = A - cfg.beta * (kl_seq - kl_seq.mean(1, keepdim=True)) * G / (G - 1)        # leave-one-out baseline
@@ -431,12 +445,10 @@ def train(cfg: "Config", reward_fn=toy_reward, messages=None):
         kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
         t3 = time.time()
 
-        # ---- 4. Advantage: the task reward normalised within each group, minus beta * (KL_i - mean of the others)
-        shaping = -cfg.truncation_penalty * truncated.float()                              # [N] (README: The toy task)
-        if reward_fn is toy_reward:                                                        # worked out, not guessed
-            shaping += cfg.consistency_bonus * torch.tensor([consistent(t) for t in texts], device=R.device)
-        R_learn = R + shaping                                                              # [N]
-        A, returns = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg).flatten(), None  # [N]
+        # ---- 4. Advantage: the reward normalised in each group (gdpo: part by part), minus beta * (KL_i - mean_j KL_j)
+        C = reward_columns(texts, R, truncated, cfg, reward_fn is toy_reward).unflatten(0, (-1, G))  # [P, G, K]
+        R_learn = C.sum(-1).flatten()                                                      # [N] R + shaping
+        A, returns = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C).flatten(), None  # [N]
         if cfg.objective == "ppo":                                                         # per token, from a critic
             A, returns = ppo_advantages(R_learn, kl_tok, old_values, mask, cfg, lambda x: gather_rows(acc, x))
 
@@ -454,7 +466,7 @@ def train(cfg: "Config", reward_fn=toy_reward, messages=None):
             ref_memo.clear()                                                    # its prompt pass is stale now
 
         # ---- log (a sample now and then), checkpoint, stop
-        stats.update({"entropy/coef": coef, "reward/shaping": shaping.mean().item(), "time/generate": t1 - t0,
+        stats.update({"entropy/coef": coef, "reward/shaping": (R_learn - R).mean().item(), "time/generate": t1 - t0,
                       "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": time.time() - t3,
                       "time/step": time.time() - t0})
         parts = [credits(t) for t in texts] if reward_fn is toy_reward else []           # logged: credit/<step>
@@ -669,10 +681,8 @@ def validate(cfg: Config):
         if not ok:
             raise ConfigError(f"--{name}={getattr(cfg, name)!r} is invalid: {allowed}")
     choices = dict(preset=sorted(PRESETS), objective=sorted(OBJECTIVES), kl_estimator=sorted(KL_ESTIMATORS),
-                   advantage=sorted(ADVANTAGES),
-                   kl_placement=["reward", "loss", "none"], dtype=["auto", "fp32", "bf16"],
-                   sampler=["auto", "plain", "fast", "hf", "compiled"],
-                   report_to=["none", "tensorboard", "wandb"])
+                   advantage=sorted(ADVANTAGES), kl_placement=["reward", "loss", "none"], sampler=["auto", "plain",
+                   *SAMPLERS], dtype=["auto", "fp32", "bf16"], report_to=["none", "tensorboard", "wandb"])
     for name, allowed in choices.items():
         need(getattr(cfg, name) in allowed, name, "choose one of " + ", ".join(allowed))
     for names, ok, allowed in RULES:
@@ -784,12 +794,9 @@ def flag_error(message):
         return f"--{name} needs a value"
     value = re.search(r"value: '(.*)'$|got (.*) but expected", why)
     value = next((v for v in value.groups() if v is not None), "") if value else ""
-    kind = {int: "an integer", float: "a number", bool: "true or false"}.get(FIELD_TYPES.get(name), "a valid value")
+    kind = "an integer" if "int value" in why else "a number" if "float value" in why else "true or false"
     rule = next((allowed for names, _, allowed in RULES if name in names.split()), "")
     return f"--{name}={value} is invalid: {rule or 'must be ' + kind}"             # a rule names its type
-
-FIELD_TYPES = {f.name: (int if "int" in str(f.type) else float if "float" in str(f.type) else bool if "bool" in
-                        str(f.type) else str) for f in fields(Config)}
 
 def parse_config(argv=None, cuda=None) -> Config:
     from transformers import HfArgumentParser
@@ -1097,7 +1104,7 @@ def plot(jsonl_path, out_dir="img"):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = [json.loads(ln) for ln in open(jsonl_path) if ln.strip()]
-    x, minutes = [r["step"] for r in rows], [sum(r["time/step"] for r in rows[:i + 1]) / 60 for i in range(len(rows))]
+    minutes = sum(r["time/step"] for r in rows) / 60
     panels = [("task reward", ["reward/mean", "reward/max"], []),   # (title, left axis, right axis: dotted)
               ("share of completions earning each credit", [f"credit/{name}" for _, name, _ in CREDIT], []),
               ("KL per token (dotted: entropy, right)", ["kl/k1", "kl/k3"], ["entropy"]),
@@ -1110,7 +1117,7 @@ def plot(jsonl_path, out_dir="img"):
                 side.plot(*zip(*[(r["step"], r[k]) for r in rows if k in r]), label=k, marker=".", ms=3,
                           ls=":" if side is not ax else "-", color=plt.cm.tab20(i / 11) if len(keys) > 2 else None)
         ax.set_title(title), ax.set_xlabel("step"), ax.grid(alpha=0.3), ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"{os.path.basename(jsonl_path)}: {len(rows)} steps, {minutes[-1]:.1f} min of step time")
+    fig.suptitle(f"{os.path.basename(jsonl_path)}: {len(rows)} steps, {minutes:.1f} min of step time")
     out = os.path.join(out_dir, os.path.basename(jsonl_path).rsplit(".", 1)[0] + ".png")
     os.makedirs(out_dir, exist_ok=True), fig.tight_layout(), fig.savefig(out, dpi=90)
     return out

@@ -313,3 +313,43 @@ def test_entropy_control_steers_the_coefficient_to_the_target():
     assert tg.entropy_coef(0.02, 0.3, cfg) == pytest.approx(0.01)                      # too much: down
     assert tg.entropy_coef(0.005, 0.3, cfg) == 0.0                                     # never below 0
     assert tg.entropy_coef(0.04, 0.1, SimpleNamespace(entropy_target=0.0)) == 0.04     # off: unchanged
+
+
+def test_gdpo_zscores_each_part_then_the_sum():
+    """GDPO: every part of the reward z-scored within its group, the parts summed, the sum scaled to unit std over the
+    batch; exact against a float64 computation written out here, and different from z-scoring the summed reward."""
+    C = torch.tensor([[[0.3, 0.1], [0.3, 0.0], [0.3, 0.0], [0.0, 0.0]],
+                      [[0.0, 0.0], [0.3, 0.0], [0.0, 0.1], [0.0, 0.1]]], dtype=torch.float64)   # [P=2, G=4, K=2]
+    z = torch.zeros(2, 4, dtype=torch.float64)
+    for p in range(2):
+        for k in range(2):
+            col = C[p, :, k]
+            z[p] += (col - col.mean()) / col.std()
+    torch.testing.assert_close(tg.ADVANTAGES["gdpo"](C), z / z.std())
+    assert not torch.allclose(tg.ADVANTAGES["gdpo"](C), tg.ADVANTAGES["zscore"](C.sum(-1)))
+    # a sample that finds a rare 0.1 step but misses the 0.3 box that the other 7 have: the summed reward's z-score
+    # pushes it down; GDPO counts the found step as much as the missed box
+    C = torch.zeros(1, 8, 2)
+    C[0, 1:, 0], C[0, 0, 1] = 0.3, 0.1
+    assert tg.ADVANTAGES["zscore"](C.sum(-1))[0, 0] < -1 and abs(tg.ADVANTAGES["gdpo"](C)[0, 0]) < 1e-6
+    assert torch.all(tg.ADVANTAGES["gdpo"](torch.full((2, 8, 3), 0.7)) == 0)           # ties: exactly 0, no 0/0
+
+
+def test_reward_columns_sum_to_the_learning_reward_and_gdpo_reads_them():
+    """The toy's columns: each credit's weight where earned, -truncation_penalty, +consistency_bonus; they sum to the
+    task reward plus the shaping. Your own reward is one column. advantages() hands them to gdpo only."""
+    cfg = _cfg(truncation_penalty=0.1, consistency_bonus=0.3, advantage="gdpo")
+    texts = ["So a = -3, b = 3, a + b = 0, \\boxed{0}", "a = 0, b = 3, so \\boxed{0}", "a = -3, b = -3: \\boxed{-6}",
+             "nothing"]
+    truncated = torch.tensor([False, False, True, True])
+    R = torch.tensor([tg.toy_reward(t) for t in texts])
+    C = tg.reward_columns(texts, R, truncated, cfg, toy=True)                           # [4, K + 2]
+    shaping = torch.tensor([0.3, 0.0, 0.3 - 0.1, -0.1])                                 # consistent: rows 0 and 2
+    torch.testing.assert_close(C.sum(1), R + shaping)
+    assert C.shape[1] == len(tg.CREDIT) + 2
+    own = tg.reward_columns(texts, torch.tensor([1.0, 2.0, 3.0, 4.0]), truncated, cfg, toy=False)
+    torch.testing.assert_close(own.sum(1), torch.tensor([1.0, 2.0, 2.9, 3.9]))         # no consistency bonus
+    parts, kl = C.unflatten(0, (1, 4)), torch.zeros(1, 4)
+    torch.testing.assert_close(tg.advantages(C.sum(1)[None], kl, cfg, parts), tg.ADVANTAGES["gdpo"](parts))
+    torch.testing.assert_close(tg.advantages(C.sum(1)[None], kl, _cfg(advantage="zscore"), parts),
+                               tg.ADVANTAGES["zscore"](C.sum(1)[None]))

@@ -32,6 +32,13 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
                        "torch.where(std < 1e-6, 0.0, (R.mean(1, keepdim=True) - R)"),
     "tied_group_pushed": ("torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True))",  # the float32 tie residue
                           "torch.where(std < 0, 0.0, (R - R.mean(1, keepdim=True))"),
+    "gdpo_sums_before_zscore": ("A = zscore(C if C.dim() == 3 else C[..., None]).sum(-1)",
+                                "A = zscore((C if C.dim() == 3 else C[..., None]).sum(-1))"),  # = zscore of R
+    "gdpo_no_batch_scale": ("A / std.clamp(min=1e-6))", "A)"),
+    "gdpo_not_given_the_columns": ('ADVANTAGES[cfg.advantage](C if cfg.advantage == "gdpo" and C is not None',
+                                   'ADVANTAGES[cfg.advantage](C if False and C is not None'),
+    "columns_truncation_sign": ("[[-cfg.truncation_penalty * cut,", "[[cfg.truncation_penalty * cut,"),
+    "consistency_any_box": ("return None not in (a, b, box) and box == a + b", "return box is not None"),
     "kl_loo_includes_self": ("* G / (G - 1)", "* 1"),
     "clip_high_uses_low_eps": ("r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps_high)",
                                "r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)"),
