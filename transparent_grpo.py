@@ -16,8 +16,8 @@ How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step 
  4. Completion masks come from the first EOS, which is kept and trained on (pad == EOS is common).
  5. With mu = 1 and one minibatch pi_old = pi_theta: one forward gives the old log-probs (detached) and the update's
     graph (the ratio is 1, no clip acts). 6. A tied group gets zero task advantage (no 0/0); their share is logged.
- 7. An entropy bonus whose coefficient steers the entropy to a target (Skywork-OR1): --entropy_target, on in the small
-    recipe, as are two shaping terms of the toy reward (README: The toy task).
+ 7. The small model's recipe (README: What to expect) adds GDPO advantages (each part of the reward normalised on its
+    own), an entropy bonus steered to a target entropy (Skywork-OR1) and two shaping terms of the toy reward.
 """
 import contextlib, copy, ctypes, functools, inspect, json, math, os, re, resource, shutil, sys, time, weakref
 from dataclasses import asdict, dataclass, field, replace
@@ -180,22 +180,7 @@ def toy_messages(worked_examples):  # the chat: the system prompt, the solved in
     return [{"role": "system", "content": SYSTEM_PROMPT}, *shots, {"role": "user", "content": PROBLEM}]
 
 # ============================================================================ 3. Models
-def load_model(name: str, dtype: torch.dtype):
-    """Tokenizer and model from a hub id, a folder, a .gguf file or 'bundled:'. GGUF weights are dequantised and
-    copied into a plain model (no quantizer, no quantization_config), so save_pretrained and fine-tuning work."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = bundled_gguf() if name.startswith("bundled:") else os.path.expanduser(name)
-    folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32 if file else dtype)
-    if file:
-        model.config.__dict__.pop("quantization_config", None)
-        plain = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
-        plain.load_state_dict(model.state_dict())
-        plain.generation_config, model = model.generation_config, plain
-    tok.pad_token = tok.pad_token or tok.eos_token
-    return tok, model
-
+# load_model (§9) reads a hub id, a folder, a .gguf file or the bundled SmolLM2; the algorithm needs only its EOS ids.
 def eos_ids(tok, model) -> list:
     ids = model.generation_config.eos_token_id
     return sorted({i for i in (ids if isinstance(ids, list) else [ids]) + [tok.eos_token_id] if i is not None})
@@ -211,9 +196,8 @@ def completion_mask(completions, eos):
 
 @torch.inference_mode()
 def sample(model, prompt_ids, n, cfg, eos, pad_id):
-    """n completions of one prompt, each token y_t ~ softmax(logits_t / T) exactly (no top-k, top-p or penalties); after
-    its first EOS a row holds pad. This is the textbook loop on HF's KV cache (--sampler plain); the default picks a
-    faster loop with the same contract (SAMPLERS, §10): fast on CPU, compiled on a GPU."""
+    """n completions of one prompt, y_t ~ softmax(logits_t / T) exactly (no top-k, top-p, penalties), pad after the
+    first EOS: the textbook loop (--sampler plain). The default picks one with this contract from SAMPLERS (§10)."""
     kind = sampler_kind(cfg.sampler, prompt_ids.device.type)
     if kind != "plain":
         return SAMPLERS[kind](model, prompt_ids, n, cfg, eos, pad_id)
@@ -255,9 +239,8 @@ def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128, entrop
     return spread(lp), spread(ent)
 
 def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, prompt_memo=None, entropy="grad"):
-    """Log-probs [B, T] of the tokens ids[:, n_prompt:] at temperature T (and their entropy, as sampled_logprobs'
-    entropy says, and ppo's values): one forward for the last hidden state, then the LM head on the completion tokens.
-    When every row has the same prompt, shared_prompt_hidden (§10) runs that prompt once: the same numbers, cheaper."""
+    """Log-probs [B, T] of ids[:, n_prompt:] at T (their entropy; ppo's values): one forward, the LM head on completion
+    tokens only. With one prompt for every row, shared_prompt_hidden (§10) runs it once: the same numbers, cheaper."""
     h = shared_prompt_hidden(model, ids, n_prompt, mask, prompt_memo)                   # None: not one shared prompt
     if h is None:
         out = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
@@ -295,8 +278,7 @@ ADVANTAGES = {  # task-reward advantage within each group; R: [P, G]
 }
 
 def sequence_kl(lp, ref_lp, mask, estimator):
-    """Per-token estimates k(l), l = logpi - logpi_ref, and their sum over each completion. Detached: in the
-    reward the KL is a number that scales the score function, never something to differentiate."""
+    """Per-token k(l), l = logpi - logpi_ref, and their sum per completion; detached: it scales the score function."""
     l = (lp - ref_lp).detach() * mask                                                   # [B, T]
     kl_tok = KL_ESTIMATORS[estimator](l) * mask                                         # [B, T]
     return kl_tok, kl_tok.sum(1)                                                        # [B, T], [B]
@@ -322,8 +304,7 @@ def gae(rewards, values, mask, gamma, lam):
     return A, A + values                                                                # advantages, returns [B, T]
 
 def ppo_advantages(R, kl_tok, values, mask, cfg, everyone=lambda x: x):
-    """Token rewards (-beta*k_t on each token if the KL is in the reward, R on the last), GAE, whitened over every
-    process's tokens (everyone(x): all processes' x, concatenated), as one process with the whole batch would."""
+    """Token rewards (-beta*k_t if the KL is in the reward, R on the last), GAE, whitened over everyone(x) tokens."""
     last = (mask.sum(1).long() - 1).clamp(min=0)                                        # [B] index of the last token
     r = -cfg.beta * kl_tok if cfg.kl_placement == "reward" else torch.zeros_like(mask)  # [B, T]
     r = r.scatter_add(1, last[:, None], R[:, None].to(r.dtype))                          # [B, T]
@@ -475,8 +456,7 @@ def train(cfg: "Config", reward_fn=toy_reward, messages=None):
     return save_final(acc, cfg, model, tok, log)
 
 def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
-    """mu epochs over the rollout in minibatches, one AdamW step each. A non-finite loss or gradient on ANY process
-    skips the step on all of them (a process that skipped backward alone would leave the others waiting)."""
+    """mu epochs of minibatches, one AdamW step each; a non-finite loss or gradient anywhere skips it everywhere."""
     N, G, stats, losses, norms, skipped = len(batch["seqs"]), cfg.group_size, [], [], [], 0
     for epoch in range(cfg.inner_epochs):
         perm = (torch.arange(N) if cached is not None else  # the first minibatch reuses the log-prob forward
@@ -573,6 +553,21 @@ def resolve(cfg: Config, cuda: bool) -> Config:
     tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
     cfg.run_name = cfg.run_name or f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
     return cfg
+
+def load_model(name: str, dtype: torch.dtype):
+    """Tokenizer and model from a hub id, a folder, a .gguf or 'bundled:' (GGUF: dequantised into a plain model)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = bundled_gguf() if name.startswith("bundled:") else os.path.expanduser(name)
+    folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32 if file else dtype)
+    if file:
+        model.config.__dict__.pop("quantization_config", None)
+        plain = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+        plain.load_state_dict(model.state_dict())
+        plain.generation_config, model = model.generation_config, plain
+    tok.pad_token = tok.pad_token or tok.eos_token
+    return tok, model
 
 def setup(cfg):
     """The plumbing: accelerator, policy, reference, optimizer, DeepSpeed settings, resume, trackers."""
