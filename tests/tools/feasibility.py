@@ -1,18 +1,15 @@
 """Feasibility study: how often does the untrained bundled SmolLM2-135M earn each credit of the toy reward?
 
     python tests/tools/feasibility.py                 # 64 samples per (prompt, temperature), 128 new tokens, seed 0
-    python tests/tools/feasibility.py --n 32 --temperatures 0.8
-    python tests/tools/feasibility.py --tasks left,right --temperatures 0.5,0.8   # the --curriculum halves
+    python tests/tools/feasibility.py --n 32 --temperatures 0.8 --examples 0,2
 
-GRPO can only reinforce what it samples: a credit that no sample ever earns cannot be learned. For each candidate
-prompt (the upstream zero-shot prompt; the CPU preset's worked example; a half of the problem with one breakpoint,
-as --curriculum asks it, whose columns are its own steps and whose `boxed` is its own answer) and sampling temperature this prints the
-share of samples that earn each credit, the mean reward, and how many completions hit the token cap. It then
-teacher-forces the correct solution (written in the worked example's form) and lists the tokens the model finds
-unlikely: those are the steps a policy must stumble on. The README's "What to expect" quotes its output.
-Not collected by pytest (the file name does not start with test_).
+GRPO can only reinforce what it samples: a credit that no sample ever earns cannot be learned. For each prompt (0, 1
+or 2 worked examples before the task) and sampling temperature this prints the share of samples that earn each
+credit, the mean reward, and how many completions hit the token cap. It then teacher-forces the correct solution
+(written in the worked examples' form) after the small recipe's two examples and lists the tokens the model finds
+unlikely: those are the steps a policy must stumble on.
 """
-import argparse, json, math, os, sys, time
+import argparse, json, os, sys, time
 from types import SimpleNamespace
 
 import torch
@@ -22,8 +19,8 @@ import transparent_grpo as tg  # noqa: E402
 
 TARGET = ("The function must be continuous at x = 2 and x = -2.\n"
           "At x = 2: the right piece is 2a + 3 and the middle piece is 2 - 5 = -3. So 2a + 3 = -3, 2a = -6, a = -3.\n"
-          "At x = -2: the left piece is 2(-2) - b = -4 - b and the middle piece is -2 - 5 = -7. So -4 - b = -7, -b = -3, "
-          "b = 3.\nSo a + b = -3 + 3 = 0, and the answer is \\boxed{0}.")
+          "At x = -2: the left piece is 2(-2) - b = -4 - b and the middle piece is -2 - 5 = -7. So -4 - b = -7, "
+          "-b = -3, b = 3.\nSo a + b = -3 + 3 = 0, and the answer is \\boxed{0}.")
 
 
 def main():
@@ -32,7 +29,7 @@ def main():
     ap.add_argument("--max_new_tokens", type=int, default=128)
     ap.add_argument("--temperatures", default="0.5,0.8,1.0")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tasks", default="main", help="main and/or the curriculum's halves: main,left,right")
+    ap.add_argument("--examples", default="0,2", help="how many worked examples before the task, e.g. 0,1,2")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     tok, model = tg.load_model("bundled:", torch.float32)
@@ -40,9 +37,8 @@ def main():
     eos = tg.eos_ids(tok, model)
     names = [name for _, name, _ in tg.CREDIT]
     print("prompt | T | mean reward | truncated | mean length | " + " | ".join(names))
-    runs = [(t, e) for t in args.tasks.split(",") for e in ((False, True) if t == "main" else (True,))]
-    for task, example in runs:
-        ids = tok.apply_chat_template(tg.toy_messages(example, task), add_generation_prompt=True, return_tensors="pt",
+    for n_examples in map(int, args.examples.split(",")):
+        ids = tok.apply_chat_template(tg.toy_messages(n_examples), add_generation_prompt=True, return_tensors="pt",
                                       return_dict=True)["input_ids"]
         for T in map(float, args.temperatures.split(",")):
             torch.manual_seed(args.seed)
@@ -53,17 +49,14 @@ def main():
                 mask, truncated = tg.completion_mask(out, eos)
                 texts += tok.batch_decode([c[:int(n)] for c, n in zip(out, mask.sum(1))], skip_special_tokens=True)
                 trunc, lens = trunc + int(truncated.sum()), lens + mask.sum(1).tolist()
-            hits = [tg.credits(t, task) for t in texts]
-            rate = {k: sum(h[k] for h in hits) / len(hits) if k in hits[0] else math.nan for k in names}
-            mean = sum(tg.toy_reward(t, task) for t in texts) / len(texts)
-            what = f"{'worked example' if example else 'zero-shot'}" + ("" if task == "main" else f", {task} half")
-            print(f"{what} | {T} | {mean:.3f} | {trunc / len(texts):.2f} | "
+            hits = [tg.credits(t) for t in texts]
+            rate = {k: sum(h[k] for h in hits) / len(hits) for k in names}
+            mean = sum(tg.toy_reward(t) for t in texts) / len(texts)
+            print(f"{n_examples} worked examples | {T} | {mean:.3f} | {trunc / len(texts):.2f} | "
                   f"{sum(lens) / len(lens):.0f} | " + " | ".join(f"{rate[k]:.2f}" for k in names) +
                   f"  ({time.time() - t0:.0f} s)", flush=True)
-    if "main" not in args.tasks.split(","):
-        return print(json.dumps({"args": vars(args)}))
     # teacher forcing: the probability of each token of a correct solution, given the correct text before it
-    ids = tok.apply_chat_template(tg.toy_messages(True), add_generation_prompt=True, return_tensors="pt",
+    ids = tok.apply_chat_template(tg.toy_messages(len(tg.EXAMPLES)), add_generation_prompt=True, return_tensors="pt",
                                   return_dict=True)["input_ids"]
     target = tok(TARGET, add_special_tokens=False, return_tensors="pt")["input_ids"]
     x = torch.cat([ids, target], 1)

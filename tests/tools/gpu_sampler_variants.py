@@ -1,4 +1,4 @@
-"""GPU only: python tests/tools/gpu_sampler_variants.py MODEL_FOLDER G TOKENS [variants] (tests/tools/gpu_check.sh sampler).
+"""GPU only: python tests/tools/gpu_sampler_variants.py MODEL_FOLDER G TOKENS [variants] (gpu_check.sh sampler).
 ms per decode token of a random Qwen2.5-3B-shaped model, G rows of one prompt, full length (EOS disabled): our
 fast sampler vs HF generate, fp32 weights under bf16 autocast (the one-GPU path) vs bf16 weights, and HF generate
 with a static cache + torch.compile (reduce-overhead = CUDA graphs)."""
