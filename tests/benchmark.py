@@ -87,7 +87,8 @@ def local_model(args):
 
 def run_ours(args, model, work, sampler="fast"):
     cmd = [sys.executable, os.path.join(ROOT, "transparent_grpo.py"), "--model", model, "--sampler", sampler,
-           "--worked_examples", "0", "--truncation_penalty", "0", "--group_size",
+           "--worked_examples", "0", "--truncation_penalty", "0", "--consistency_bonus", "0", "--advantage", "zscore",
+           "--entropy_target", "0", "--group_size",
            str(args.group_size), "--prompts_per_step", "1", "--max_new_tokens", str(args.max_new_tokens), "--beta",
            str(args.beta), "--learning_rate", str(args.lr), "--inner_epochs", "1", "--temperature", "1.0",
            "--num_steps", str(args.steps), "--seed", str(args.seed), "--max_grad_norm", "1.0",

@@ -20,12 +20,11 @@ for stage in ${@:-sampler zero2 loop features bench pytest}; do case $stage in
   loop)     # the one-GPU preset (G = 4, 512 tokens, mu = 3), the default --sampler auto (compiled) vs fast
     for s in auto fast; do python3 transparent_grpo.py --model $(model 36) --num_steps 4 --sampler $s \
       --run_name gpu-preset-36l-$s --log_dir $OUT --output_dir /tmp/gpu-check-out; done ;;
-  features) # the CPU preset's features (curriculum: a halves step; worked example; gdpo) under ZeRO-2 bf16: KL 0 at
-            # each step (reward 0 on a random model, so the policy does not move and the reference reuses its memoised
-            # prompt pass from step 0 at step 2)
+  features) # the small recipe's features (two worked examples, gdpo over the reward's parts, the consistency bonus,
+            # the entropy target) under ZeRO-2 bf16: KL 0 at each step (reward 0 on a random model: the policy stays)
     accelerate launch --use_deepspeed --zero_stage 2 --mixed_precision bf16 --num_processes 1 transparent_grpo.py \
-      --model $(model 36) --num_steps 3 --max_new_tokens 128 --curriculum true --worked_example true --advantage gdpo \
-      --sampler fast --run_name gpu-zero2-bf16-36l-curriculum --log_dir $OUT --output_dir /tmp/gpu-check-out ;;
+      --model $(model 36) --preset smollm2-135m --num_steps 3 --max_new_tokens 128 --sampler fast \
+      --run_name gpu-zero2-bf16-36l-small-recipe --log_dir $OUT --output_dir /tmp/gpu-check-out ;;
   pytest)   # the sampler tests, CUDA cases included (exact sampling, updated weights seen by the compiled sampler)
     python3 -m pytest -q -p no:cacheprovider tests/test_sampler.py ;;
   bench)    # ours vs TRL (no vLLM), G = 16, 512 tokens; both need gradient checkpointing to fit one 80 GB GPU
