@@ -19,7 +19,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step 
  7. The small model's recipe (README: What to expect) adds GDPO advantages (each part of the reward normalised on its
     own), an entropy bonus steered to a target entropy (Skywork-OR1) and two shaping terms of the toy reward.
 """
-import contextlib, copy, ctypes, functools, inspect, json, math, os, re, resource, shutil, sys, time, weakref
+import contextlib, copy, functools, inspect, json, math, os, re, resource, shutil, sys, time, weakref
 from dataclasses import asdict, dataclass, field, replace
 from shlex import quote as shlex_quote
 from typing import Optional
@@ -238,10 +238,10 @@ def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128, entrop
     spread = lambda x: x.new_zeros(mask.numel()).index_put((rows,), x).view_as(mask)    # [B, T], 0 off the mask
     return spread(lp), spread(ent)
 
-def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, prompt_memo=None, entropy="grad"):
+def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, entropy="grad"):
     """Log-probs [B, T] of ids[:, n_prompt:] at T (their entropy; ppo's values): one forward, the LM head on completion
     tokens only. With one prompt for every row, shared_prompt_hidden (§10) runs it once: the same numbers, cheaper."""
-    h = shared_prompt_hidden(model, ids, n_prompt, mask, prompt_memo)                   # None: not one shared prompt
+    h = shared_prompt_hidden(model, ids, n_prompt, mask)                                # None: not one shared prompt
     if h is None:
         out = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
         h = out.hidden_states[-1][:, n_prompt - 1:-1]                                   # [B, T, H] predicts y_t
@@ -398,7 +398,7 @@ def train(cfg: "Config", reward_fn=toy_reward, messages=None):
     eos, pad_id, P, G = eos_ids(tok, unwrap(model)), tok.pad_token_id, prompt.shape[1], cfg.group_size
     N = cfg.prompts_per_step * G                                           # completions per step and process
     single_update = cfg.inner_epochs == 1 and cfg.minibatch_size == N     # mu = 1: pi_old = pi_theta (departure 5)
-    coef, ref_memo, bad = cfg.entropy_coef, {}, 0    # the entropy bonus, the reference's prompt pass, failed updates
+    coef, bad = cfg.entropy_coef, 0                                  # the entropy bonus's coefficient, failed updates
     for step in tqdm(range(log.start, cfg.num_steps), initial=log.start, total=cfg.num_steps, desc="GRPO",
                      disable=not (acc.is_main_process and sys.stderr.isatty())):
         t0 = time.time()
@@ -417,8 +417,7 @@ def train(cfg: "Config", reward_fn=toy_reward, messages=None):
         # ---- 3. KL: log-probs of the sampled tokens under pi_ref and pi_old = pi_theta, at temperature T
         model.train()
         with acc.autocast(), torch.no_grad():
-            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, cfg.temperature, prompt_memo=ref_memo,
-                                                             entropy=None)[0]              # [N, T]
+            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, cfg.temperature, entropy=None)[0]
         with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is phase 5's
             now = token_logprobs(model, seqs, P, mask, cfg.temperature, cfg.objective == "ppo", entropy="grad" if
                                  single_update and (cfg.entropy_coef or cfg.entropy_target) else "value")
@@ -444,7 +443,6 @@ def train(cfg: "Config", reward_fn=toy_reward, messages=None):
             stop(acc, log, f"stopping: {bad} non-finite losses or gradients in a row at step {step}", 3)
         if cfg.ref_update_every and (step + 1) % cfg.ref_update_every == 0:
             ref.load_state_dict(unwrap(model).state_dict())
-            ref_memo.clear()                                                    # its prompt pass is stale now
 
         # ---- log (a sample now and then), checkpoint, stop
         stats.update({"entropy/coef": coef, "reward/shaping": (R_learn - R).mean().item(), "time/generate": t1 - t0,
@@ -584,7 +582,6 @@ def setup(cfg):
     if not cuda:  # accelerate launch sets OMP_NUM_THREADS=1: use this process's share of the cores
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # pinned?
         torch.set_num_threads(max(1, cores // acc.num_processes))
-        keep_freed_memory()
     resume = cfg.resume_from or (latest_checkpoint(cfg) if cfg.resume else None)
     meta = json.load(open(os.path.join(resume, "meta.json"))) if resume else {}
     cfg.entropy_coef = meta.get("entropy_coef", cfg.entropy_coef)              # where an adaptive bonus had got to
@@ -829,8 +826,7 @@ def kv_cache(out):  # the KV cache a forward returned, under either name
 @torch.inference_mode()
 def fast_sample(model, prompt_ids, n, cfg, eos, pad_id):
     """--sampler fast (auto on CPU): sample()'s contract, faster. The prompt runs once and its KV cache is copied into n
-    rows with room for every new token (InPlaceKV); a decode step runs only the unfinished rows, on CPU each linear on
-    its oneDNN-packed weight (decode_linears)."""
+    rows with room for every new token (InPlaceKV); a decode step runs only the unfinished rows."""
     out = model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)                # [1, 1, V]
     if any(type(layer) is not DynamicLayer for layer in getattr(kv_cache(out), "layers", [0])):
         return generate(model, prompt_ids, n, cfg, eos, pad_id, "hf")                   # e.g. sliding windows
@@ -838,41 +834,37 @@ def fast_sample(model, prompt_ids, n, cfg, eos, pad_id):
     cache.layers = [InPlaceKV(layer, n, cfg.max_new_tokens) for layer in cache.layers]
     tokens = prompt_ids.new_full((n, cfg.max_new_tokens), pad_id)                      # [n, T] pad after EOS
     live, eos = torch.arange(n, device=prompt_ids.device), torch.tensor(eos, device=prompt_ids.device)
-    with decode_linears(model, n, prompt_ids.device):                                  # CPU: oneDNN
-        for t in range(cfg.max_new_tokens):
-            y = torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1)  # [live, 1]  y ~ pi_old
-            tokens[live, t] = y[:, 0]
-            going = ~torch.isin(y[:, 0], eos)                                           # [live] no EOS yet
-            if not going.all():
-                live, y = live[going], y[going]
-                cache.batch_select_indices(going)
-            if len(live) == 0 or t + 1 == cfg.max_new_tokens:
-                break
-            out = model(input_ids=y, **cache_arg(model, cache), use_cache=True, logits_to_keep=1)
-            logits = out.logits[:, -1]                                                  # [live, V]
+    for t in range(cfg.max_new_tokens):
+        y = torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1)      # [live, 1]  y ~ pi_old
+        tokens[live, t] = y[:, 0]
+        going = ~torch.isin(y[:, 0], eos)                                               # [live] no EOS yet
+        if not going.all():
+            live, y = live[going], y[going]
+            cache.batch_select_indices(going)
+        if len(live) == 0 or t + 1 == cfg.max_new_tokens:
+            break
+        out = model(input_ids=y, **cache_arg(model, cache), use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1]                                                      # [live, V]
     return torch.cat([prompt_ids.expand(n, -1), tokens[:, :t + 1]], 1)                 # [n, P+T']
 
 ROWS_PER_PASS = 4  # rows of like length per forward in shared_prompt_hidden (README: Performance)
 
-def repeat_cache(cache, n):  # n rows of a one-row prompt cache, which stays as it is (a memo, or part of the graph)
+def repeat_cache(cache, n):  # n rows of a one-row prompt cache, which stays as it is (part of the graph)
     rows = copy.copy(cache)
     rows.layers = [copy.copy(layer) for layer in getattr(cache, "layers", [])]
     rows.batch_repeat_interleave(n)                                                     # [1, ...] -> [n, ...]
     return rows
 
-def shared_prompt_hidden(model, ids, n_prompt, mask, prompt_memo=None):
+def shared_prompt_hidden(model, ids, n_prompt, mask):
     """token_logprobs' hidden states [B, T, H] when every row has the same prompt (else None). The prompt runs once
     (batch 1) and its KV cache is repeated for the completions, which run in passes of ROWS_PER_PASS rows of like
     length, each as long as its longest row. Gradients reach the prompt's keys and values through the repeat: exact,
-    just cheaper. prompt_memo (a dict, for the reference, whose weights stay fixed) keeps the prompt's pass."""
+    just cheaper."""
     checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())  # the reference too:
     if checkpointing or not bool((ids[:, :n_prompt] == ids[:1, :n_prompt]).all()):  # one path, the same rounding
         return None
-    memo, key = {} if prompt_memo is None else prompt_memo, tuple(ids[0, :n_prompt].tolist())
-    if key not in memo:
-        first = model(input_ids=ids[:1, :n_prompt], output_hidden_states=True, logits_to_keep=1, use_cache=True)
-        memo[key] = first.hidden_states[-1][:, -1:], kv_cache(first)                    # [1, 1, H], the prompt's KV
-    h_prompt, cache = memo[key]
+    first = model(input_ids=ids[:1, :n_prompt], output_hidden_states=True, logits_to_keep=1, use_cache=True)
+    h_prompt, cache = first.hidden_states[-1][:, -1:], kv_cache(first)                 # [1, 1, H], the prompt's KV
     lengths, parts = mask.sum(1).long(), []                                             # [B]
     order = lengths.argsort(stable=True)                                                # [B] shortest first
     for rows in order.split(ROWS_PER_PASS):  # each pass runs to its longest row only: no compute on padding
@@ -904,31 +896,6 @@ class InPlaceKV(DynamicLayer):
         self.buf = [buf[keep] for buf in self.buf]
         self.keys, self.values = (buf[:, :, :self.len] for buf in self.buf)            # views, no copy
         return self.keys, self.values
-
-@contextlib.contextmanager
-def decode_linears(model, n, device):
-    """While fast_sample decodes on CPU, each fp32 nn.Linear runs on its weight packed now (this step's) for oneDNN, ~2x
-    F.linear's speed for a few rows (README: Performance); other dtypes, CPU autocast or no oneDNN keep F.linear."""
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
-    packed = {} if device.type != "cpu" or torch.is_autocast_enabled("cpu") else {
-        m: p for m in linears for p in [onednn_pack(m.weight, n)] if p is not None}
-    for m, p in packed.items():
-        m.forward = functools.partial(decode_linear, m, p)
-    try:
-        yield
-    finally:
-        for m in packed:
-            del m.forward                                                               # nn.Linear.forward again
-
-def onednn_pack(w, rows):  # w in oneDNN's blocked layout for `rows` rows; None if not fp32 or there is no oneDNN
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight(w, rows) if w.dtype == torch.float32 else None
-    except (AttributeError, RuntimeError):
-        return None
-
-def decode_linear(m, packed, x):  # m(x) = x W^T + b on oneDNN's packed W: the same numbers up to rounding
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, m.bias, "none", [], "")  # [rows, out]
-    return y.view(*x.shape[:-1], -1)                                                    # [..., out]
 
 SAMPLERS = {  # --sampler: each draws what sample() draws (test_sampler), faster
     "fast": fast_sample,                                                               # CPU's default
@@ -1021,20 +988,6 @@ def lean_mlps(model):  # each MLP whose forward is down(act(gate(x)) * up(x)) (c
             x = torch.randn(2, w.shape[1], dtype=w.dtype, generator=rng)                # [2, H]
             if torch.equal(lean_mlp(m, x), m(x)):
                 m.forward = functools.partial(lean_mlp, m)
-
-def keep_freed_memory():
-    """CPU: glibc maps blocks above a moving threshold (<= 32 MiB) fresh from the OS and gives them back when freed, so
-    every step faults the pages of its [128, V] chunks and gradients in again (100k-400k page faults, 1-3 s of
-    kernel time a step). Serving blocks up to 1 GiB from the heap and never trimming it keeps them: the same numbers, no
-    faults once warm, about the same peak (README: Performance, CPU). Your own MALLOC_*_ / GLIBC_TUNABLES win."""
-    own = {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"} & set(os.environ)
-    if own or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:                                                     # not glibc (macOS, musl): leave it as it is
-        return False
-    return bool(libc.mallopt(-3, 1 << 30) and libc.mallopt(-1, 2 ** 31 - 1))  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
 # ============================================================================ 11. Logging, checkpoints, entry point
 class RunLog:

@@ -44,30 +44,6 @@ def test_logprobs_equal_naive_log_softmax(arch, temperature, tiny_model, tiny_qw
     torch.testing.assert_close(ent, naive_ent * mask, rtol=0, atol=1e-10)
 
 
-def test_reference_prompt_memo_runs_the_prompt_once_and_changes_nothing(tiny_qwen):
-    """prompt_memo (the reference's, in train()) keeps the prompt pass: later calls skip it and give the same bits."""
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(tiny_qwen).double().eval()
-    ids = torch.randint(6, model.config.vocab_size, (4, 13))
-    ids[:, :7] = ids[0, :7]                                                          # one prompt, 4 completions
-    mask = torch.ones(4, 6)
-    mask[2, 2:] = 0
-    calls = []
-    model.register_forward_pre_hook(lambda m, a, kw: calls.append(kw["input_ids"].shape), with_kwargs=True)
-    with torch.no_grad():
-        plain = tg.token_logprobs(model, ids, 7, mask, 0.8)[0]
-        memo = {}
-        first, again = (tg.token_logprobs(model, ids, 7, mask, 0.8, prompt_memo=memo)[0] for _ in range(2))
-        other = ids.clone()
-        other[:, 7:] = torch.randint(6, model.config.vocab_size, (4, 6))             # new completions, same prompt
-        assert torch.equal(tg.token_logprobs(model, other, 7, mask, 0.8, prompt_memo=memo)[0],
-                           tg.token_logprobs(model, other, 7, mask, 0.8)[0])
-    assert torch.equal(first, plain) and torch.equal(again, plain)
-    prompt_passes = [s for s in calls if tuple(s) == (1, 7)]
-    assert len(prompt_passes) == 3 and len(memo) == 1                   # plain, the memo's first, the last plain call
-    assert next(iter(memo.values()))[1].layers[0].keys.shape[0] == 1   # the memo's cache is still one row
-
-
 @pytest.mark.parametrize("same_prompt", [False, True])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_logprob_gradients_match_naive(arch, same_prompt, tiny_model, tiny_qwen, float64_norms):
@@ -174,17 +150,6 @@ def test_logged_entropy_is_not_recomputed_in_backward():
     assert counts == {"grad": 3, "value": 0}
 
 
-def test_cpu_setup_keeps_freed_memory(tiny_model, tmp_path, monkeypatch):
-    """setup() calls keep_freed_memory() once on CPU (the faster step of README: Performance, CPU)."""
-    calls = []
-    monkeypatch.setattr(tg, "keep_freed_memory", lambda: calls.append(1) or True)
-    cfg = tg.resolve(tg.Config(model=tiny_model, group_size=2, max_new_tokens=4, num_steps=1, output_dir=str(tmp_path),
-                               log_dir=str(tmp_path), run_name="k"), cuda=False)
-    tg.validate(cfg)
-    tg.train(cfg)
-    assert calls == [1]
-
-
 def test_entropy_bonus_gets_a_differentiable_entropy(tiny_model, tmp_path, monkeypatch):
     """train(): with --entropy_coef or --entropy_target the loss sees the entropy with its graph (mu = 1 reuses the
     log-prob pass, mu = 2 runs the update's own); without either, a plain value."""
@@ -198,28 +163,6 @@ def test_entropy_bonus_gets_a_differentiable_entropy(tiny_model, tmp_path, monke
         tg.validate(cfg)
         tg.train(cfg)
     assert seen == [True, True, True, True, False, False, False]     # the adaptive bonus's coefficient may rise
-
-
-def test_keep_freed_memory_sets_glibc_and_changes_no_number(tiny_qwen, monkeypatch):
-    """The CPU setup's allocator settings (mallopt) succeed on glibc and leave every log-prob as it was."""
-    from transformers import AutoModelForCausalLM
-    for k in ("MMAP_THRESHOLD_", "TRIM_THRESHOLD_", "TOP_PAD_", "MMAP_MAX_"):
-        monkeypatch.delenv("MALLOC_" + k, raising=False)
-    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    model = AutoModelForCausalLM.from_pretrained(tiny_qwen)
-    ids = torch.randint(6, model.config.vocab_size, (2, 10))
-    before = tg.token_logprobs(model, ids, 4, torch.ones(2, 6), 0.8)[0]
-    assert tg.keep_freed_memory() is True                               # these machines run glibc
-    assert torch.equal(tg.token_logprobs(model, ids, 4, torch.ones(2, 6), 0.8)[0], before)
-
-
-@pytest.mark.parametrize("env", [{"MALLOC_MMAP_THRESHOLD_": "1048576"},
-                                 {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}])
-def test_keep_freed_memory_leaves_the_users_malloc_settings(env, monkeypatch):
-    """README: MALLOC_MMAP_THRESHOLD_=1048576 trades time for a lower peak; a user who sets it keeps it."""
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    assert tg.keep_freed_memory() is False
 
 
 def _cfg(**kw):

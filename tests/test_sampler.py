@@ -151,42 +151,6 @@ def test_main_asks_for_expandable_segments_unless_the_user_chose(monkeypatch):
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch build")
-@pytest.mark.parametrize("arch", ["tiny_model", "tiny_qwen"])                      # qwen2: q/k/v have biases
-def test_fast_sampler_decodes_fp32_on_prepacked_onednn_weights(arch, request, monkeypatch):
-    """fp32 weights on CPU: every decode call of every nn.Linear gets its weight packed for oneDNN (packed once per
-    sample() call), the output matches F.linear's to fp32 rounding, and the layers are plain nn.Linear afterwards, also
-    when a step fails. Under CPU autocast, and for float64 weights, the decode keeps F.linear."""
-    tok, model = load(request.getfixturevalue(arch))
-    model = model.float()
-    prompt = tok("ab", return_tensors="pt")["input_ids"]
-    for m in [model.lm_head, model.model.layers[0].self_attn.q_proj, model.model.layers[0].mlp.down_proj]:
-        x = torch.randn(3, 1, m.in_features)                                           # [rows, 1, in]
-        packed = tg.onednn_pack(m.weight, 3)
-        assert packed is not None
-        assert torch.allclose(tg.decode_linear(m, packed, x), torch.nn.functional.linear(x, m.weight, m.bias),
-                              rtol=1e-5, atol=1e-6)
-    assert tg.onednn_pack(model.lm_head.weight.double(), 3) is None                   # not fp32: F.linear
-    calls, packs = [], []
-    real, real_pack = tg.decode_linear, tg.onednn_pack
-    monkeypatch.setattr(tg, "decode_linear", lambda m, p, x: calls.append(p is not None) or real(m, p, x))
-    monkeypatch.setattr(tg, "onednn_pack", lambda w, rows: packs.append(rows) or real_pack(w, rows))
-    cfg = SimpleNamespace(sampler="fast", max_new_tokens=3, temperature=1.0)
-    tg.sample(model, prompt, 4, cfg, eos=[-1], pad_id=0)
-    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
-    assert calls == [True] * 2 * n_linear and packs == [4] * n_linear                  # 2 decode steps, packed once
-    assert not any("forward" in vars(m) for m in model.modules())
-    calls.clear()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        tg.sample(model, prompt, 4, cfg, eos=[-1], pad_id=0)
-    tg.sample(model.double(), prompt, 4, cfg, eos=[-1], pad_id=0)
-    assert calls == []                                                                  # autocast, float64: F.linear
-    monkeypatch.setattr(tg, "decode_linear", lambda m, p, x: 1 / 0)
-    with pytest.raises(ZeroDivisionError):                                              # a failed step ...
-        tg.sample(model.float(), prompt, 4, cfg, eos=[-1], pad_id=0)
-    assert not any("forward" in vars(m) for m in model.modules())                     # ... leaves plain layers
-
-
 class OldKeyword(torch.nn.Module):
     """A model whose forward takes the KV cache as past_key_values and returns it under that name, as transformers
     before 5.24 did (5.24 renamed both to cache, and 5.40 drops the old name)."""

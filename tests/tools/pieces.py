@@ -13,16 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 VARIANTS = {  # name: (what it switches off, code run before train(), extra flags)
     "all": ("nothing", "", []),
     "plain_sampler": ("fast_sample: §4's plain loop instead", "", ["--sampler", "plain"]),
-    "no_onednn_decode": ("decode_linears: F.linear in the fast sampler's decode",
-                         "tg.decode_linears = lambda *a: contextlib.nullcontext()", []),
     "no_shared_prompt": ("shared_prompt_hidden: one forward over prompt + completion per row",
                          "tg.shared_prompt_hidden = lambda *a, **k: None", []),
-    "no_reference_memo": ("prompt_memo: the reference's prompt pass every step",
-                          "f = tg.shared_prompt_hidden; tg.shared_prompt_hidden = "
-                          "lambda m, i, n, k, prompt_memo=None: f(m, i, n, k, None)", []),
     "no_lean_mlp": ("lean_mlps: the stock MLP's saved activations", "tg.lean_mlps = lambda model: None", []),
-    "no_keep_freed_memory": ("keep_freed_memory: glibc's default allocator settings",
-                             "tg.keep_freed_memory = lambda: False", []),
 }
 RUN = """
 import contextlib, sys
