@@ -769,7 +769,7 @@ IGNORED = [  # (flags, when they would do nothing, why): a flag you pass must ac
 ]
 
 def check_combinations(cfg, given):
-    """A flag you passed that this combination ignores: one line, like any other bad input (README: Bad inputs)."""
+    """A flag you passed that this combination ignores: one line, like any other bad input (README: bad inputs)."""
     for names, idle, why in IGNORED:
         for name in set(names.split()) & given:
             if idle(cfg):
@@ -847,7 +847,7 @@ def fast_sample(model, prompt_ids, n, cfg, eos, pad_id):
         logits = out.logits[:, -1]                                                      # [live, V]
     return torch.cat([prompt_ids.expand(n, -1), tokens[:, :t + 1]], 1)                 # [n, P+T']
 
-ROWS_PER_PASS = 4  # rows of like length per forward in shared_prompt_hidden (README: Performance)
+ROWS_PER_PASS = 4  # rows of like length per forward in shared_prompt_hidden (README: Where each piece lives)
 
 def repeat_cache(cache, n):  # n rows of a one-row prompt cache, which stays as it is (part of the graph)
     rows = copy.copy(cache)
@@ -905,7 +905,7 @@ SAMPLERS = {  # --sampler: each draws what sample() draws (test_sampler), faster
 
 def sampler_kind(sampler, device):
     """--sampler auto: compiled on a GPU (with fp32 weights under autocast it samples from a bf16 copy, 2 bytes per
-    parameter: the 3B preset still fits 80 GB, README: Performance, GPU); fast on CPU, where compiling does not pay."""
+    parameter: the 3B preset still fits 80 GB, README: GPUs); fast on CPU, where compiling does not pay."""
     return sampler if sampler != "auto" else "compiled" if device == "cuda" else "fast"
 
 def copy_dtype(model, device):  # the autocast dtype when the weights are in another one (fp32 on one GPU), else None
@@ -938,7 +938,7 @@ def sampling_twin(model, device):
     """fp32 weights under bf16 autocast (one GPU): the static cache needs one dtype, but autocast yields fp32 keys and
     bf16 values. So --sampler compiled samples from a bf16 copy, refreshed in place before every call (the graph keeps
     its addresses): 2 bytes read per weight per token instead of a 4-byte cast. It rounds like the autocast forward,
-    but its residual stream is bf16, not fp32 (README: Performance, GPU)."""
+    but its residual stream is bf16, not fp32 (README: Known limitations)."""
     dtype = copy_dtype(model, device)
     if dtype is None:
         return model                                                    # DeepSpeed bf16, CPU fp32: the policy itself
@@ -956,7 +956,7 @@ def sampling_twin(model, device):
 
 class LeanMLPTail(torch.autograd.Function):
     """down(act(g) * u), keeping g and u for backward but not act(g) and the product: two [tokens, I] tensors a layer
-    less (README: Performance, CPU). Backward recomputes both with the same ops, so every gradient has the same bits."""
+    less (README: Where each piece lives). Backward recomputes both with the same ops: the same gradient bits."""
     @staticmethod
     def forward(ctx, g, u, w, act):
         ctx.save_for_backward(g, u, w)
