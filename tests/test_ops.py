@@ -169,7 +169,8 @@ def test_auto_without_gpu_or_bundled_model_says_what_to_install(monkeypatch, tmp
 
 def test_missing_tracker_is_named(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # validation creates the default ./out and ./logs: not in the repository
-    monkeypatch.setattr(tg, "_has_module", lambda name: False)
+    real = tg.importlib.util.find_spec
+    monkeypatch.setattr(tg.importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(tg.ConfigError, match="pip install wandb"):
         tg.parse_config(["--report_to", "wandb"], cuda=False)
 
