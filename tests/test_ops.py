@@ -175,6 +175,28 @@ def test_missing_tracker_is_named(monkeypatch, tmp_path):
         tg.parse_config(["--report_to", "wandb"], cuda=False)
 
 
+def test_curves_draws_a_run_and_refuses_other_files(tmp_path):
+    """tests/tools/seeds.py --curves (what --plot did): one run's four panels into img/<run>.png; a file that is not
+    a JSONL log of this script gets one error line and exit code 1."""
+    rows = [{"step": i, "time/step": 1.0, "reward/mean": 0.1 * i, "credit/a": 0.5, "entropy": 0.3} for i in range(3)]
+    run = tmp_path / f"curves-test-{os.getpid()}.jsonl"                  # its figure: img/<run>.png, removed after
+    run.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "other.jsonl").write_text('{"loss": 1.0}\n')
+    ok = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "tools", "seeds.py"), "--curves",
+                         str(run)], capture_output=True, text=True, timeout=120)
+    png = os.path.join(ROOT, "img", run.stem + ".png")
+    try:
+        assert ok.returncode == 0 and ok.stdout.strip() == png, ok.stderr[-2000:]
+        assert os.path.getsize(png) > 10_000
+    finally:
+        os.path.exists(png) and os.remove(png)                          # img/ holds the README's figures only
+    for bad in ("other.jsonl", "missing.jsonl"):
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "tools", "seeds.py"), "--curves",
+                            str(tmp_path / bad)], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1 and p.stderr.strip().splitlines() == [f"error: {tmp_path / bad} is not a JSONL log "
+                                                                       "of transparent_grpo.py"]
+
+
 def test_bad_flag_fails_before_loading_a_model():
     t = time.time()
     p = subprocess.run([sys.executable, os.path.join(ROOT, "transparent_grpo.py"), "--group_size", "1"],
