@@ -103,6 +103,31 @@ def test_weights_sum_to_one_and_reward_in_unit_interval():
     assert all(0.0 <= toy_reward(t) <= 1.0 for t, _ in CASES)
 
 
+# ------------------------------------------------------------------ the consistency shaping (--consistency_bonus)
+TRAP = ("At x = 2: the right piece is 2a + 3 and the middle piece is 2 - 5 = -3. So 2a + 3 = -3, 2a = 0, a = 0.\n"
+        "At x = -2: the left piece is 2(-2) - b = -4 - b and the middle piece is -2 - 5 = -7. So -4 - b = -7, -b = 0, "
+        "b = 0.\nSo a + b = 0, and the answer is \\boxed{0}.")   # seed 2's last steps under the older shaping
+
+
+@pytest.mark.parametrize("text,expected", [
+    (FULL, 1), (TERSE, 1),                                            # sound steps give a = -3, b = 3 and the box
+    ("2a = -6 so a = -3; -b = -3 so b = 3. Then a + b = -3 + 3 = 0: \\boxed{0}", 1),
+    (TRAP, -1),                                                       # a = b = 0 sums to the box; 2a + 3 = -3 is false
+    (TRAP.replace("2a = 0, a = 0", "2a = -6, a = -3"), -1),           # a sound, b not: -4 - 0 is not -7
+    ("2 - 2 = 0. So 2a = 0, a = 0. 2(-2) - b = 4 - 2 = 0. So b = 0. \\boxed{0}", -1),  # seed 4: -4 is not 2
+    ("\\boxed{0}", -1), ("a = -3, b = 3, \\boxed{0}", -1),            # a guess: no step uses a or b
+    ("2a = -6, a = -3. -b = -3, b = 3. \\boxed{3}", -1),               # the box is not their sum
+    (FULL.replace("2 - 5 = -3", "2 - 5 = -4"), -1),                   # an arithmetic step is false
+    ("no box: 2a = -6, a = -3", 0), ("", 0),
+    ("2a = 0, a = 0. 2b = 0, b = 0. So a + b = 0, \\boxed{0}", 1),    # sound but wrong: the credits tell it apart
+    ("2a = 9**9**9**9, a = 0; 2b = 0, b = 0, a + b = 0, \\boxed{0}", 1),  # a power is skipped, not computed
+    ("The formula = 7. 2a = -6, a = -3; -b = -3, b = 3; \\boxed{0}", 1),   # `formula` is a word, not a
+])
+def test_consistency_shaping_pays_sound_steps_and_charges_a_guessed_box(text, expected):
+    import transparent_grpo as tg
+    assert tg.consistent(text) == expected
+
+
 # ------------------------------------------------------------------ the worked examples (--worked_examples)
 def test_worked_examples_are_other_instances_solved_and_never_the_task():
     """Each solved instance is another member of the family with other numbers, its solution solves it (checked by
