@@ -69,7 +69,7 @@ class Recipe:  # the algorithm's flags: --name value (None: the preset's or the 
     minibatch_size: Optional[int] = flag(None, "sequences per optimizer step; divides the batch (default: all)")
     worked_examples: Optional[int] = flag(None, "how many solved instances of the family (EXAMPLES) come first")
     truncation_penalty: Optional[float] = flag(None, "shaping taken from the learning reward of a truncated completion")
-    consistency_bonus: Optional[float] = flag(None, "shaping: + to a box that sound steps give, - to a guessed box")
+    consistency_bonus: Optional[float] = flag(None, "shaping given to a box that holds the a + b of sound steps")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
     entropy_coef: float = flag(0.0, "entropy bonus coefficient (with --entropy_target: its start)")
     entropy_target: Optional[float] = flag(None, "adaptive bonus: the token entropy its coefficient steers to (0: off)")
@@ -177,10 +177,9 @@ def sound(text, a, b):
             used |= {v for v in "ab" if any(v in x for x in sides)}
     return used == {"a", "b"}
 
-def consistent(text: str) -> int:  # shaping, not credit: +1 a box that sound steps (sound) give as their a + b; -1 a
-    t = tidy(text)                   # box without them (a guess); 0 no box
-    a, b, box = stated_value("a", t), stated_value("b", t), final_boxed(t)
-    return 0 if "\\boxed{" not in t else 1 if None not in (a, b, box) and box == a + b and sound(t, a, b) else -1
+def consistent(text: str) -> bool:  # shaping, not credit: the box is the a + b that sound steps (sound) give
+    a, b, box = stated_value("a", tidy(text)), stated_value("b", tidy(text)), final_boxed(tidy(text))
+    return None not in (a, b, box) and box == a + b and sound(tidy(text), a, b)
 
 def toy_reward(text: str) -> float:
     """Partial credit in [0, 1]: the sum of the weights of the CREDIT steps stated correctly."""
@@ -188,8 +187,7 @@ def toy_reward(text: str) -> float:
 
 def reward_columns(texts, R, truncated, cfg, toy):
     """[N, K]: the learning reward in parts, summing to R + shaping: each CREDIT's weight where earned (your own reward:
-    R itself), -truncation_penalty where truncated, +consistency_bonus where a box is what sound steps give, - where a
-    box is not (toy)."""
+    R itself), -truncation_penalty where truncated, +consistency_bonus where the box is what sound steps give (toy)."""
     task = [[w * got for (w, _, _), got in zip(CREDIT, credits(t).values())] for t in texts] if toy else R[:, None]
     task = torch.as_tensor(task, dtype=torch.float32).cpu()                              # [N, K] or [N, 1]
     shaping = [[-cfg.truncation_penalty * cut, cfg.consistency_bonus * (toy and consistent(t))]
