@@ -69,7 +69,7 @@ class Recipe:  # the algorithm's flags: --name value (None: the preset's or the 
     minibatch_size: Optional[int] = flag(None, "sequences per optimizer step; divides the batch (default: all)")
     worked_examples: Optional[int] = flag(None, "how many solved instances of the family (EXAMPLES) come first")
     truncation_penalty: Optional[float] = flag(None, "shaping taken from the learning reward of a truncated completion")
-    consistency_bonus: Optional[float] = flag(None, "shaping given to a box that holds the a + b of sound steps")
+    consistency_bonus: Optional[float] = flag(None, "shaping: + to the box of sound steps, - to the right box without")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
     entropy_coef: float = flag(0.0, "entropy bonus coefficient (with --entropy_target: its start)")
     entropy_target: Optional[float] = flag(None, "adaptive bonus: the token entropy its coefficient steers to (0: off)")
@@ -177,9 +177,10 @@ def sound(text, a, b):
             used |= {v for v in "ab" if any(v in x for x in sides)}
     return used == {"a", "b"}
 
-def consistent(text: str) -> bool:  # shaping, not credit: the box is the a + b that sound steps (sound) give
-    a, b, box = stated_value("a", tidy(text)), stated_value("b", tidy(text)), final_boxed(tidy(text))
-    return None not in (a, b, box) and box == a + b and sound(tidy(text), a, b)
+def consistent(text: str) -> int:  # shaping, not credit: +1 a box that sound steps give as a + b; -1 the right box
+    a, b, box = stated_value("a", tidy(text)), stated_value("b", tidy(text)), final_boxed(tidy(text))  # without them
+    sound_box = None not in (a, b, box) and box == a + b and sound(tidy(text), a, b)
+    return 1 if sound_box else -1 if box == ANSWER["a+b"] else 0
 
 def toy_reward(text: str) -> float:
     """Partial credit in [0, 1]: the sum of the weights of the CREDIT steps stated correctly."""
@@ -187,7 +188,8 @@ def toy_reward(text: str) -> float:
 
 def reward_columns(texts, R, truncated, cfg, toy):
     """[N, K]: the learning reward in parts, summing to R + shaping: each CREDIT's weight where earned (your own reward:
-    R itself), -truncation_penalty where truncated, +consistency_bonus where the box is what sound steps give (toy)."""
+    R itself), -truncation_penalty where truncated; +consistency_bonus where sound steps give the box, - where the
+    right box has none (toy: at 0.3, the box's weight, a guessed box earns nothing in the learning reward)."""
     task = [[w * got for (w, _, _), got in zip(CREDIT, credits(t).values())] for t in texts] if toy else R[:, None]
     task = torch.as_tensor(task, dtype=torch.float32).cpu()                              # [N, K] or [N, 1]
     shaping = [[-cfg.truncation_penalty * cut, cfg.consistency_bonus * (toy and consistent(t))]

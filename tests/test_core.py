@@ -279,7 +279,7 @@ def test_gdpo_zscores_each_part_then_the_sum():
 
 
 def test_reward_columns_sum_to_the_learning_reward_and_gdpo_reads_them():
-    """The toy's columns: each credit's weight where earned, -truncation_penalty, +consistency_bonus; they sum to the
+    """The toy's columns: each credit's weight where earned, -truncation_penalty, +-consistency_bonus; they sum to the
     task reward plus the shaping. Your own reward is one column. advantages() hands them to gdpo only."""
     cfg = _cfg(truncation_penalty=0.1, consistency_bonus=0.3, advantage="gdpo")
     texts = ["So a = -3, b = 3, a + b = 0, \\boxed{0}", "a = 0, b = 3, so \\boxed{0}", "a = -3, b = -3: \\boxed{-6}",
@@ -287,7 +287,7 @@ def test_reward_columns_sum_to_the_learning_reward_and_gdpo_reads_them():
     truncated = torch.tensor([False, False, True, True])
     R = torch.tensor([tg.toy_reward(t) for t in texts])
     C = tg.reward_columns(texts, R, truncated, cfg, toy=True)                           # [4, K + 2]
-    shaping = torch.tensor([0.3, 0.0, -0.1, -0.1])                        # row 0: the box of sound steps; 2: a guess
+    shaping = torch.tensor([0.3, -0.3, -0.1, -0.1])               # 0: the box of sound steps; 1: the right box without
     torch.testing.assert_close(C.sum(1), R + shaping)
     assert C.shape[1] == len(tg.CREDIT) + 2
     own = tg.reward_columns(texts, torch.tensor([1.0, 2.0, 3.0, 4.0]), truncated, cfg, toy=False)
