@@ -178,9 +178,9 @@ def sound(text, a, b):
     return used == {"a", "b"}
 
 def consistent(text: str) -> int:  # shaping, not credit: +1 a box that sound steps give as a + b; -1 the right box
-    a, b, box = stated_value("a", tidy(text)), stated_value("b", tidy(text)), final_boxed(tidy(text))  # without them
-    sound_box = None not in (a, b, box) and box == a + b and sound(tidy(text), a, b)
-    return 1 if sound_box else -1 if box == ANSWER["a+b"] else 0
+    t = tidy(text)                   # without them (a guess); 0 otherwise
+    a, b, box = stated_value("a", t), stated_value("b", t), final_boxed(t)
+    return 1 if None not in (a, b, box) and box == a + b and sound(t, a, b) else -1 if box == ANSWER["a+b"] else 0
 
 def toy_reward(text: str) -> float:
     """Partial credit in [0, 1]: the sum of the weights of the CREDIT steps stated correctly."""

@@ -85,7 +85,7 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
     "sound_ignores_false_steps": ("        if max(values) - min(values) > 1e-9:\n            return False",
                                   "        if False:\n            return False"),
     "sound_counts_value_statements": ('if any(not re.fullmatch(r"[ab]|-?[\\d.]+", x) for x in sides):', "if True:"),
-    "consistent_no_charge": ('return 1 if sound_box else -1 if box == ANSWER["a+b"] else 0', "return int(sound_box)"),
+    "consistent_no_charge": ('else -1 if box == ANSWER["a+b"] else 0', "else 0"),
 }
 SAMPLER = ["tests/test_sampler.py"]
 LEAN = ["tests/test_memory.py::test_lean_mlp_keeps_every_number_and_two_tensors_a_layer_less",
