@@ -69,7 +69,7 @@ class Recipe:  # the algorithm's flags: --name value (None: the preset's or the 
     minibatch_size: Optional[int] = flag(None, "sequences per optimizer step; divides the batch (default: all)")
     worked_examples: Optional[int] = flag(None, "how many solved instances of the family (EXAMPLES) come first")
     truncation_penalty: Optional[float] = flag(None, "shaping taken from the learning reward of a truncated completion")
-    consistency_bonus: Optional[float] = flag(None, "shaping: + to the box of sound steps, - to the right box without")
+    consistency_bonus: Optional[float] = flag(None, "shaping: + to the right box beside the right a and b, - to it without")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
     entropy_coef: float = flag(0.0, "entropy bonus coefficient (with --entropy_target: its start)")
     entropy_target: Optional[float] = flag(None, "adaptive bonus: the token entropy its coefficient steers to (0: off)")
@@ -157,30 +157,9 @@ def credits(text: str) -> dict:
     text = tidy(text)
     return {name: bool(test(text) if callable(test) else re.search(test, text)) for _, name, test in CREDIT}
 
-def sound(text, a, b):
-    """Every equation in text whose sides are arithmetic in a and b holds at the stated a and b, and a step other than
-    `a = <number>` has a in it (and one b). `2a + 3 = -3, 2a = 0, a = 0` is not sound; a guessed box has no steps."""
-    text = re.sub(r"\\(?:cdot|times)", "*", text)
-    text = re.sub(r"\\[A-Za-z]+|[A-Za-z]{2,}|[c-zA-Z](?:\([^()]*\))?|[{}$]", "|", text)  # words, f(2), \boxed: gaps
-    used = set()
-    for chain in re.split(r"[|,;:\n]|\.(?!\d)", text):                                   # what is left between them
-        sides = [re.sub(r"(?<=[\dab)])(?=[ab(])", "*", re.sub(r"\s+", "", x)) for x in chain.split("=")]  # 2a: 2*a
-        if len(sides) < 2 or any("**" in x for x in sides):  # no equation; a power (9**9**9 would take forever)
-            continue
-        try:  # only digits, a, b, + - * / ( ) . are left: eval does arithmetic, nothing else
-            values = [eval(x, {"__builtins__": {}}, {"a": a, "b": b}) for x in sides]
-        except Exception:  # an empty side, a stray bracket, a division by 0: not an equation in a and b
-            continue
-        if max(values) - min(values) > 1e-9:
-            return False
-        if any(not re.fullmatch(r"[ab]|-?[\d.]+", x) for x in sides):                   # a step, not `a = -3`
-            used |= {v for v in "ab" if any(v in x for x in sides)}
-    return used == {"a", "b"}
-
-def consistent(text: str) -> int:  # shaping, not credit: +1 a box that sound steps give as a + b; -1 the right box
-    t = tidy(text)                   # without them (a guess); 0 otherwise
-    a, b, box = stated_value("a", t), stated_value("b", t), final_boxed(t)
-    return 1 if None not in (a, b, box) and box == a + b and sound(t, a, b) else -1 if box == ANSWER["a+b"] else 0
+def consistent(text: str) -> int:  # shaping, not credit: +1 the right box beside the right a and b; -1 the right box
+    got = credits(text)              # without them (a guess, or the box of a wrong a and b); 0 otherwise
+    return (1 if got["a"] and got["b"] else -1) if got["boxed"] else 0
 
 def toy_reward(text: str) -> float:
     """Partial credit in [0, 1]: the sum of the weights of the CREDIT steps stated correctly."""
@@ -188,8 +167,8 @@ def toy_reward(text: str) -> float:
 
 def reward_columns(texts, R, truncated, cfg, toy):
     """[N, K]: the learning reward in parts, summing to R + shaping: each CREDIT's weight where earned (your own reward:
-    R itself), -truncation_penalty where truncated; +consistency_bonus where sound steps give the box, - where the
-    right box has none (toy: at 0.3, the box's weight, a guessed box earns nothing in the learning reward)."""
+    R itself), -truncation_penalty where truncated; +consistency_bonus where the right box stands beside the right a and
+    b, - where it stands without them (at 0.3, the box's weight, a guessed box earns nothing in the learning reward)."""
     task = [[w * got for (w, _, _), got in zip(CREDIT, credits(t).values())] for t in texts] if toy else R[:, None]
     task = torch.as_tensor(task, dtype=torch.float32).cpu()                              # [N, K] or [N, 1]
     shaping = [[-cfg.truncation_penalty * cut, cfg.consistency_bonus * (toy and consistent(t))]

@@ -279,17 +279,18 @@ def test_gdpo_zscores_each_part_then_the_sum():
 
 
 def test_a_guessed_box_moves_no_gdpo_advantage():
-    """With consistency_bonus = the box's weight, a group where some samples guess the right box (no sound steps) gets
-    the GDPO advantages it would get if nobody had boxed: the box's column and the charge cancel. A sound box counts."""
+    """With consistency_bonus = the box's weight, a group where some samples guess the right box (without the right a
+    and b) gets the GDPO advantages it would get if nobody had boxed: the box's column and the charge cancel. A box
+    beside the right a and b counts."""
     cfg = _cfg(truncation_penalty=0.0, consistency_bonus=0.3, advantage="gdpo")
     steps = ["At x = 2: 2a + 3 = -3 so a = -3", "2 - 5 = -3", "At x = -2 it is -2 - 5 = -7", "nothing"] * 2
     guessed = [t + (" \\boxed{0}" if i % 3 == 0 else "") for i, t in enumerate(steps)]
     A = lambda texts: tg.gdpo(tg.reward_columns(texts, torch.tensor([tg.toy_reward(t) for t in texts]),
                                                 torch.zeros(8, dtype=torch.bool), cfg, toy=True)[None])
     torch.testing.assert_close(A(guessed), A(steps))
-    sound = list(steps)
-    sound[1] = "2a = -6, a = -3; -b = -3, b = 3; a + b = 0, \\boxed{0}"
-    assert tg.consistent(sound[1]) == 1 and A(sound)[0, 1] > A(steps)[0, 1]
+    whole = list(steps)
+    whole[1] = "2a = -6, a = -3; -b = -3, b = 3; a + b = 0, \\boxed{0}"
+    assert tg.consistent(whole[1]) == 1 and A(whole)[0, 1] > A(steps)[0, 1]
 
 
 def test_reward_columns_sum_to_the_learning_reward_and_gdpo_reads_them():
@@ -301,7 +302,7 @@ def test_reward_columns_sum_to_the_learning_reward_and_gdpo_reads_them():
     truncated = torch.tensor([False, False, True, True])
     R = torch.tensor([tg.toy_reward(t) for t in texts])
     C = tg.reward_columns(texts, R, truncated, cfg, toy=True)                           # [4, K + 2]
-    shaping = torch.tensor([0.3, -0.3, -0.1, -0.1])               # 0: the box of sound steps; 1: the right box without
+    shaping = torch.tensor([0.3, -0.3, -0.1, -0.1])               # 0: the box beside a and b; 1: the box without
     torch.testing.assert_close(C.sum(1), R + shaping)
     assert C.shape[1] == len(tg.CREDIT) + 2
     own = tg.reward_columns(texts, torch.tensor([1.0, 2.0, 3.0, 4.0]), truncated, cfg, toy=False)

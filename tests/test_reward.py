@@ -109,22 +109,19 @@ TRAP = ("At x = 2: the right piece is 2a + 3 and the middle piece is 2 - 5 = -3.
         "b = 0.\nSo a + b = 0, and the answer is \\boxed{0}.")   # seed 2's last steps under the older shaping
 
 
-@pytest.mark.parametrize("text,expected", [  # +1: the box of sound steps; -1: the right box without them; 0: neither
-    (FULL, 1), (TERSE, 1),                                            # sound steps give a = -3, b = 3 and the box
+@pytest.mark.parametrize("text,expected", [  # +1: the right box beside the right a and b; -1: without them; 0: no box
+    (FULL, 1), (TERSE, 1), ("a = -3, b = 3, \\boxed{0}", 1),          # the box stands with a = -3 and b = 3
     ("2a = -6 so a = -3; -b = -3 so b = 3. Then a + b = -3 + 3 = 0: \\boxed{0}", 1),
-    (TRAP, -1),                                                       # a = b = 0 sums to the box; 2a + 3 = -3 is false
-    (TRAP.replace("2a = 0, a = 0", "2a = -6, a = -3"), -1),           # a sound, b not: -4 - 0 is not -7
-    ("2 - 2 = 0. So 2a = 0, a = 0. 2(-2) - b = 4 - 2 = 0. So b = 0. \\boxed{0}", -1),  # seed 4: -4 is not 2
-    ("\\boxed{0}", -1), ("a = -3, b = 3, \\boxed{0}", -1),            # a guess: no step uses a or b
-    ("2a = -6, a = -3. -b = -3, b = 3. \\boxed{3}", 0),                # a wrong box, not their sum: the credit says so
-    (FULL.replace("2 - 5 = -3", "2 - 5 = -4"), -1),                   # an arithmetic step is false
-    ("no box: 2a = -6, a = -3", 0), ("", 0),
-    (FULL.replace("-4 - b = -7", "-5 - b = -7"), -1),                # seed 0 at reward 1.0 wrote this false step
-    ("2a = 0, a = 0. 2b = 0, b = 0. So a + b = 0, \\boxed{0}", 1),    # sound but wrong: the credits tell it apart
-    ("2a = 9**9**9**9, a = 0; 2b = 0, b = 0, a + b = 0, \\boxed{0}", 1),  # a power is skipped, not computed
     ("The formula = 7. 2a = -6, a = -3; -b = -3, b = 3; \\boxed{0}", 1),  # `formula` is a word, not a
+    (TRAP, -1),                                                       # a = b = 0 sums to the box: both are wrong
+    (TRAP.replace("2a = 0, a = 0", "2a = -6, a = -3"), -1),           # a right, b not
+    ("2 - 2 = 0. So 2a = 0, a = 0. 2(-2) - b = 4 - 2 = 0. So b = 0. \\boxed{0}", -1),  # seed 4 under the older shaping
+    ("\\boxed{0}", -1), ("a = -3 and \\boxed{0}", -1), ("b = 3. \\boxed{0}", -1),   # a guess, or half the answer
+    ("a = -3, a = 0, b = 3, \\boxed{0}", -1),                          # a hedge states no a
+    ("2a = -6, a = -3. -b = -3, b = 3. \\boxed{3}", 0), ("a = 0, b = 0, \\boxed{3}", 0),  # a wrong box: no shaping
+    ("no box: 2a = -6, a = -3, b = 3", 0), ("", 0),
 ])
-def test_consistency_shaping_pays_the_box_of_sound_steps_and_charges_a_guessed_one(text, expected):
+def test_consistency_shaping_pays_the_box_beside_a_and_b_and_charges_it_without(text, expected):
     import transparent_grpo as tg
     assert tg.consistent(text) == expected
 

@@ -38,7 +38,6 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
     "gdpo_not_given_the_columns": ('ADVANTAGES[cfg.advantage](C if cfg.advantage == "gdpo" and C is not None',
                                    'ADVANTAGES[cfg.advantage](C if False and C is not None'),
     "columns_truncation_sign": ("[[-cfg.truncation_penalty * cut,", "[[cfg.truncation_penalty * cut,"),
-    "consistency_any_box": ("return None not in (a, b, box) and box == a + b", "return box is not None"),
     "kl_loo_includes_self": ("* G / (G - 1)", "* 1"),
     "clip_high_uses_low_eps": ("r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps_high)",
                                "r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)"),
@@ -82,10 +81,8 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
     "lean_check_draws_from_the_seed": ("x = torch.randn(2, w.shape[1], dtype=w.dtype, generator=rng)",
                                        "x = torch.randn(2, w.shape[1], dtype=w.dtype)"),
     # the consistency shaping (checked by its table in tests/test_reward.py)
-    "sound_ignores_false_steps": ("        if max(values) - min(values) > 1e-9:\n            return False",
-                                  "        if False:\n            return False"),
-    "sound_counts_value_statements": ('if any(not re.fullmatch(r"[ab]|-?[\\d.]+", x) for x in sides):', "if True:"),
-    "consistent_no_charge": ('else -1 if box == ANSWER["a+b"] else 0', "else 0"),
+    "consistent_no_charge": ('(1 if got["a"] and got["b"] else -1)', '(1 if got["a"] and got["b"] else 0)'),
+    "consistent_box_needs_a_only": ('if got["a"] and got["b"] else', 'if got["a"] else'),
 }
 SAMPLER = ["tests/test_sampler.py"]
 LEAN = ["tests/test_memory.py::test_lean_mlp_keeps_every_number_and_two_tensors_a_layer_less",
