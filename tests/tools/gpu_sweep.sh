@@ -1,17 +1,21 @@
 #!/bin/bash
-# The small recipe over 8 seeds on one GPU, side by side: first on one GPU (fp32 weights, bf16 autocast), then under
-# DeepSpeed ZeRO-2 bf16 (one process a run); then one table. Needs the real model at $M and the wheels on PYTHONPATH
+# The small recipe over 8 seeds on one GPU, two ways side by side: one GPU (fp32 weights, bf16 autocast) and DeepSpeed
+# ZeRO-2 bf16 (one process a run). 16 runs of ~6 GB share the device: an H200 (139 GB) holds them, an H100 (78 GB) does
+# not (there: SEEDS=0-4). Then one table. Needs the real model at $M and the wheels on PYTHONPATH
 # (../shared/gpu/prepare.sh carries both). Logs go to $L. A candidate: its flags in EXTRA, its name in NAME.
 #     bash tests/tools/gpu_sweep.sh
 #     SEEDS=100-107 NAME=nocons EXTRA="--consistency_bonus 0" bash tests/tools/gpu_sweep.sh
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 M=${M:-/tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf}; L=${L:-${OUT:-/tmp}/runs}; N=${NAME:-gpu-defaults}; mkdir -p $L
-S="python3 tests/tools/seeds.py --seeds ${SEEDS:-0-7} --parallel 8 --log_dir $L"
+SEEDS=${SEEDS:-0-7}; P=$(python3 -c "import sys; sys.path.insert(0, 'tests/tools'); import seeds; \
+print(len(seeds.seeds_of('$SEEDS')))")
+S="python3 tests/tools/seeds.py --seeds $SEEDS --parallel $P --log_dir $L"
 F="--model $M --output_dir /tmp/o ${EXTRA:-}"
-(while sleep 60; do nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader; \
-  tail -qn1 $L/$N-*seed*.log 2>/dev/null | cut -c1-110; done) & WATCH=$!
-$S --name $N-1gpu -- $F > $L/$N-1gpu.txt 2>&1
-$S --zero2 --name $N-zero2 -- $F > $L/$N-zero2.txt 2>&1
+(while sleep 120; do nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader; \
+  tail -qn1 $L/$N-*seed*.log 2>/dev/null | cut -c1-100; done) & WATCH=$!
+$S --name $N-1gpu -- $F > $L/$N-1gpu.txt 2>&1 & ONE=$!
+$S --zero2 --name $N-zero2 -- $F > $L/$N-zero2.txt 2>&1 & TWO=$!
+wait $ONE $TWO
 kill $WATCH
 python3 tests/tools/seeds.py --table $L/$N-*.jsonl
