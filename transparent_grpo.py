@@ -69,7 +69,7 @@ class Recipe:  # the algorithm's flags: --name value (None: the preset's or the 
     minibatch_size: Optional[int] = flag(None, "sequences per optimizer step; divides the batch (default: all)")
     worked_examples: Optional[int] = flag(None, "how many solved instances of the family (EXAMPLES) come first")
     truncation_penalty: Optional[float] = flag(None, "shaping taken from the learning reward of a truncated completion")
-    consistency_bonus: Optional[float] = flag(None, "shaping: + to the right box beside the right a and b, - to it without")
+    consistency_bonus: Optional[float] = flag(None, "shaping: + to a box that is the stated a + b, - to the right box without the right a, b")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
     entropy_coef: float = flag(0.0, "entropy bonus coefficient (with --entropy_target: its start)")
     entropy_target: Optional[float] = flag(None, "adaptive bonus: the token entropy its coefficient steers to (0: off)")
@@ -157,9 +157,10 @@ def credits(text: str) -> dict:
     text = tidy(text)
     return {name: bool(test(text) if callable(test) else re.search(test, text)) for _, name, test in CREDIT}
 
-def consistent(text: str) -> int:  # shaping, not credit: +1 the right box beside the right a and b; -1 the right box
-    got = credits(text)              # without them (a guess, or the box of a wrong a and b); 0 otherwise
-    return (1 if got["a"] and got["b"] else -1) if got["boxed"] else 0
+def consistent(text: str) -> int:  # shaping, not credit: +1 a box that is the stated a + b (right or wrong: the sum's
+    t, got = tidy(text), credits(text)  # arithmetic); -1 the right box without the right a and b (a guess)
+    a, b, box = stated_value("a", t), stated_value("b", t), final_boxed(t)
+    return int(None not in (a, b, box) and box == a + b) - int(got["boxed"] and not (got["a"] and got["b"]))
 
 def toy_reward(text: str) -> float:
     """Partial credit in [0, 1]: the sum of the weights of the CREDIT steps stated correctly."""
@@ -167,8 +168,9 @@ def toy_reward(text: str) -> float:
 
 def reward_columns(texts, R, truncated, cfg, toy):
     """[N, K]: the learning reward in parts, summing to R + shaping: each CREDIT's weight where earned (your own reward:
-    R itself), -truncation_penalty where truncated; +consistency_bonus where the right box stands beside the right a and
-    b, - where it stands without them (at 0.3, the box's weight, a guessed box earns nothing in the learning reward)."""
+    R itself), -truncation_penalty where truncated; +consistency_bonus where the box is the stated a + b, - where the
+    right box stands without the right a and b (at 0.3, the box's weight, a guessed box earns nothing in the learning
+    reward, nor does the box of a = b = 0 earn more than any other sum of stated values)."""
     task = [[w * got for (w, _, _), got in zip(CREDIT, credits(t).values())] for t in texts] if toy else R[:, None]
     task = torch.as_tensor(task, dtype=torch.float32).cpu()                              # [N, K] or [N, 1]
     shaping = [[-cfg.truncation_penalty * cut, cfg.consistency_bonus * (toy and consistent(t))]

@@ -302,7 +302,7 @@ def test_reward_columns_sum_to_the_learning_reward_and_gdpo_reads_them():
     truncated = torch.tensor([False, False, True, True])
     R = torch.tensor([tg.toy_reward(t) for t in texts])
     C = tg.reward_columns(texts, R, truncated, cfg, toy=True)                           # [4, K + 2]
-    shaping = torch.tensor([0.3, -0.3, -0.1, -0.1])               # 0: the box beside a and b; 1: the box without
+    shaping = torch.tensor([0.3, -0.3, 0.2, -0.1])  # 0: a + b, right; 1: the right box without a; 2: a + b, wrong
     torch.testing.assert_close(C.sum(1), R + shaping)
     assert C.shape[1] == len(tg.CREDIT) + 2
     own = tg.reward_columns(texts, torch.tensor([1.0, 2.0, 3.0, 4.0]), truncated, cfg, toy=False)

@@ -109,19 +109,20 @@ TRAP = ("At x = 2: the right piece is 2a + 3 and the middle piece is 2 - 5 = -3.
         "b = 0.\nSo a + b = 0, and the answer is \\boxed{0}.")   # seed 2's last steps under the older shaping
 
 
-@pytest.mark.parametrize("text,expected", [  # +1: the right box beside the right a and b; -1: without them; 0: no box
-    (FULL, 1), (TERSE, 1), ("a = -3, b = 3, \\boxed{0}", 1),          # the box stands with a = -3 and b = 3
+@pytest.mark.parametrize("text,expected", [  # +1: a box that is the stated a + b; -1: the right box without the right
+    (FULL, 1), (TERSE, 1), ("a = -3, b = 3, \\boxed{0}", 1),          # a and b; the two add up
     ("2a = -6 so a = -3; -b = -3 so b = 3. Then a + b = -3 + 3 = 0: \\boxed{0}", 1),
     ("The formula = 7. 2a = -6, a = -3; -b = -3, b = 3; \\boxed{0}", 1),  # `formula` is a word, not a
-    (TRAP, -1),                                                       # a = b = 0 sums to the box: both are wrong
-    (TRAP.replace("2a = 0, a = 0", "2a = -6, a = -3"), -1),           # a right, b not
-    ("2 - 2 = 0. So 2a = 0, a = 0. 2(-2) - b = 4 - 2 = 0. So b = 0. \\boxed{0}", -1),  # seed 4 under the older shaping
+    ("a = -3, b = -3, \\boxed{-6}", 1), ("a = 2, b = 5. So a + b = 7, \\boxed{7}", 1),  # wrong values, right sum
+    (TRAP, 0),                              # a = b = 0 sums to the right box (+1) without the right a and b (-1)
+    (TRAP.replace("2a = 0, a = 0", "2a = -6, a = -3"), -1),           # -3 + 0 is no box of 0; no right b beside it
+    ("2 - 2 = 0. So 2a = 0, a = 0. 2(-2) - b = 4 - 2 = 0. So b = 0. \\boxed{0}", 0),
     ("\\boxed{0}", -1), ("a = -3 and \\boxed{0}", -1), ("b = 3. \\boxed{0}", -1),   # a guess, or half the answer
     ("a = -3, a = 0, b = 3, \\boxed{0}", -1),                          # a hedge states no a
-    ("2a = -6, a = -3. -b = -3, b = 3. \\boxed{3}", 0), ("a = 0, b = 0, \\boxed{3}", 0),  # a wrong box: no shaping
-    ("no box: 2a = -6, a = -3, b = 3", 0), ("", 0),
+    ("2a = -6, a = -3. -b = -3, b = 3. So a + b = -3, \\boxed{-3}", 0),  # the plateau's last line: a wrong sum
+    ("a = 0, b = 0, \\boxed{3}", 0), ("no box: 2a = -6, a = -3, b = 3", 0), ("", 0),
 ])
-def test_consistency_shaping_pays_the_box_beside_a_and_b_and_charges_it_without(text, expected):
+def test_consistency_shaping_pays_a_box_that_sums_a_and_b_and_charges_a_guessed_one(text, expected):
     import transparent_grpo as tg
     assert tg.consistent(text) == expected
 

@@ -81,8 +81,9 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
     "lean_check_draws_from_the_seed": ("x = torch.randn(2, w.shape[1], dtype=w.dtype, generator=rng)",
                                        "x = torch.randn(2, w.shape[1], dtype=w.dtype)"),
     # the consistency shaping (checked by its table in tests/test_reward.py)
-    "consistent_no_charge": ('(1 if got["a"] and got["b"] else -1)', '(1 if got["a"] and got["b"] else 0)'),
-    "consistent_box_needs_a_only": ('if got["a"] and got["b"] else', 'if got["a"] else'),
+    "consistent_no_charge": ('- int(got["boxed"] and not (got["a"] and got["b"]))', ''),
+    "consistent_charge_needs_a_only": ('and not (got["a"] and got["b"])', 'and not got["a"]'),
+    "consistent_any_box": ("and box == a + b)", ")"),
 }
 SAMPLER = ["tests/test_sampler.py"]
 LEAN = ["tests/test_memory.py::test_lean_mlp_keeps_every_number_and_two_tensors_a_layer_less",
