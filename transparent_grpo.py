@@ -69,7 +69,7 @@ class Recipe:  # the algorithm's flags: --name value (None: the preset's or the 
     minibatch_size: Optional[int] = flag(None, "sequences per optimizer step; divides the batch (default: all)")
     worked_examples: Optional[int] = flag(None, "how many solved instances of the family (EXAMPLES) come first")
     truncation_penalty: Optional[float] = flag(None, "shaping taken from the learning reward of a truncated completion")
-    consistency_bonus: Optional[float] = flag(None, "shaping: + to a box that is the stated a + b, - to the right box without the right a, b")
+    consistency_bonus: Optional[float] = flag(None, "shaping: + a box = stated a + b, - a right box without a, b")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
     entropy_coef: float = flag(0.0, "entropy bonus coefficient (with --entropy_target: its start)")
     entropy_target: Optional[float] = flag(None, "adaptive bonus: the token entropy its coefficient steers to (0: off)")
