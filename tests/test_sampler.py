@@ -69,7 +69,7 @@ def reference_mask(row, eos, width):
     return [1.0 if stop is None or t <= stop else 0.0 for t in range(width)], stop is None
 
 
-@pytest.mark.parametrize("sampler", ["fast", "hf", "compiled"])
+@pytest.mark.parametrize("sampler", ["plain", "fast", "hf", "compiled"])
 def test_eos_padding_width_masks_and_truncation(tiny_model, sampler):
     """Frequent tokens act as EOS, so rows stop at different steps: after its first EOS a row holds only pad; the
     width is max_new_tokens if any row is truncated; masks and truncation flags match a per-row reference."""
