@@ -109,8 +109,9 @@ TRAP = ("At x = 2: the right piece is 2a + 3 and the middle piece is 2 - 5 = -3.
         "b = 0.\nSo a + b = 0, and the answer is \\boxed{0}.")   # seed 2's last steps under the older shaping
 
 
-@pytest.mark.parametrize("text,expected", [  # +1: a box that is the stated a + b; -1: the right box without the right
-    (FULL, 1), (TERSE, 1), ("a = -3, b = 3, \\boxed{0}", 1),          # a and b; the two add up
+# +1: a box that is the stated a + b; -1: the right box without the right a and b; the two add up (TRAP: 0)
+@pytest.mark.parametrize("text,expected", [
+    (FULL, 1), (TERSE, 1), ("a = -3, b = 3, \\boxed{0}", 1),
     ("2a = -6 so a = -3; -b = -3 so b = 3. Then a + b = -3 + 3 = 0: \\boxed{0}", 1),
     ("The formula = 7. 2a = -6, a = -3; -b = -3, b = 3; \\boxed{0}", 1),  # `formula` is a word, not a
     ("a = -3, b = -3, \\boxed{-6}", 1), ("a = 2, b = 5. So a + b = 7, \\boxed{7}", 1),  # wrong values, right sum

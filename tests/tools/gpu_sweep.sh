@@ -1,7 +1,7 @@
 #!/bin/bash
 # The small recipe over 8 seeds on one GPU, two ways side by side: one GPU (fp32 weights, bf16 autocast) and DeepSpeed
-# ZeRO-2 bf16 (one process a run). 16 runs of ~6 GB share the device: an H200 (139 GB) holds them, an H100 (78 GB) does
-# not (there: SEEDS=0-4). Then one table. Needs the real model at $M and the wheels on PYTHONPATH
+# ZeRO-2 bf16 (one process a run). 16 runs filled 92 GB of an H200 (2026-11-27): an H100 (78 GB) holds about 12
+# (there: SEEDS=0-5). Then one table. Needs the real model at $M and the wheels on PYTHONPATH
 # (../shared/gpu/prepare.sh carries both). Logs go to $L. A candidate: its flags in EXTRA, its name in NAME.
 #     bash tests/tools/gpu_sweep.sh
 #     SEEDS=100-107 NAME=nocons EXTRA="--consistency_bonus 0" bash tests/tools/gpu_sweep.sh
