@@ -19,7 +19,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step 
  7. The small model's recipe (README: What to expect) adds GDPO advantages (each part of the reward normalised on its
     own), an entropy bonus steered to a target entropy (Skywork-OR1) and two shaping terms of the toy reward.
 """
-import copy, functools, importlib.util, inspect, json, math, os, re, resource, shutil, sys, time, weakref
+import copy, functools, gzip, importlib.util, inspect, json, math, os, re, resource, shutil, sys, time, weakref
 from dataclasses import asdict, dataclass, field, replace
 from shlex import quote as shlex_quote
 from typing import Optional
@@ -503,6 +503,7 @@ class Config(Recipe):  # every flag of the script: the Recipe's (§1), then the 
     run_name: Optional[str] = flag(None, "logs/<run_name>.{jsonl,log} (default objective-kl-model-seed)")
     output_dir: str = flag("out", "checkpoints and the final model go to <output_dir>/<run_name>/")
     log_dir: str = flag("logs", "where the .jsonl and .log files go")
+    log_samples: bool = flag(False, "also write each step's completions and rewards to logs/<run>.samples.jsonl.gz")
     save_every: int = flag(0, "checkpoint every N steps (0: only the final model)")
     keep_last: int = flag(2, "checkpoints to keep")
     resume: bool = flag(False, "continue from the newest checkpoint of this run")
@@ -981,16 +982,20 @@ class RunLog:
     the main process only. A resumed run drops the steps after its checkpoint from the JSONL."""
 
     def __init__(self, cfg, active, start, spent):  # start: the first step to run; spent: seconds of steps so far
-        self.active, self.jsonl, self.text = active, *(f"{cfg.log_dir}/{cfg.run_name}.{e}" for e in ("jsonl", "log"))
+        self.active, self.jsonl, self.text, self.samples = active, *(f"{cfg.log_dir}/{cfg.run_name}.{e}" for e in
+                                                                     ("jsonl", "log", "samples.jsonl.gz"))
         self.start, self.spent = start, spent
         if active:
-            old = open(self.jsonl).readlines() if start and os.path.exists(self.jsonl) else []
-            open(self.jsonl, "w").writelines(ln for ln in old if json.loads(ln)["step"] < start)
+            for path in [self.jsonl] + [self.samples] * cfg.log_samples:  # JSON rows: keep those before `start`
+                opener = gzip.open if path.endswith(".gz") else open
+                old = opener(path, "rt").readlines() if start and os.path.exists(path) else []
+                with opener(path, "wt") as f:
+                    f.writelines(ln for ln in old if json.loads(ln)["step"] < start)
             open(self.text, "a" if start else "w").close()
 
-    def write(self, path, text):
+    def write(self, path, text):  # one line appended (to a .gz: one gzip member more)
         if self.active:
-            with open(path, "a") as f:
+            with (gzip.open if path.endswith(".gz") else open)(path, "at") as f:
                 f.write(text + "\n")
 
     def say(self, text):  # to the terminal (above the progress bar) and to the .log file
@@ -1050,6 +1055,7 @@ def after_step(acc, log, cfg, step, batch, kl_seq, ent, truncated, texts, parts,
     last = step + 1 == cfg.num_steps or 0 < 60 * cfg.time_limit <= log.spent
     m = {"step": step, **step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg)}
     log.write(log.jsonl, json.dumps(m))                                 # one JSON row per step, one readable line
+    cfg.log_samples and log.write(log.samples, json.dumps({"step": step, "reward": batch["R"].tolist(), "text": texts}))
     log.say(f"step {step:>4}/{cfg.num_steps} | reward {m['reward/mean']:.3f} (max {m['reward/max']:.2f}) | kl "
             f"{m.get('kl/k1', 0):.4f} | entropy {m['entropy']:.3f} | len {m['completion/len_mean']:.0f} | clip "
             f"{m.get('clip/frac', 0):.3f} | gnorm {m['optim/grad_norm']:.2f} | {m['time/step']:.1f}s")

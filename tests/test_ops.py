@@ -1,4 +1,5 @@
 """Operability: bad input fails early and clearly, the numerical guard, seeds, kill-and-resume, clean logs."""
+import gzip
 import json
 import os
 import signal
@@ -384,6 +385,21 @@ def test_a_resumed_run_counts_the_time_of_the_steps_before_its_checkpoint(tiny_m
     tg.main(main_args(tiny_model, tmp_path, "--num_steps", "6", "--time_limit", "1e-9", "--resume"))  # from step 2
     log = open(tmp_path / "logs" / "r.log").read()
     assert "stopping after step 2" in log and "best sample of step 2 " in log  # the last step's sample, though 2 % 5
+
+
+def test_the_samples_log_holds_every_completion_and_a_resume_rewrites_the_steps_after_its_checkpoint(tiny_model,
+                                                                                                     tmp_path):
+    samples = tmp_path / "logs" / "r.samples.jsonl.gz"
+    tg.main(main_args(tiny_model, tmp_path, "--num_steps", "1"))
+    assert not samples.exists()                                                         # off unless asked
+    tg.main(main_args(tiny_model, tmp_path, "--num_steps", "3", "--save_every", "2", "--log_samples"))
+    rows = [json.loads(ln) for ln in gzip.open(samples, "rt")]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows:                                                                      # G texts, their task reward
+        assert len(r["text"]) == 4 and r["reward"] == pytest.approx([tg.toy_reward(t) for t in r["text"]])
+    tg.main(main_args(tiny_model, tmp_path, "--num_steps", "4", "--save_every", "2", "--log_samples", "--resume"))
+    again = [json.loads(ln) for ln in gzip.open(samples, "rt")]                        # from step_000002: 2 and 3
+    assert [r["step"] for r in again] == [0, 1, 2, 3] and again[:3] == rows             # step 2 drawn again, alike
 
 
 def test_a_run_killed_during_a_save_resumes_from_the_last_complete_checkpoint(tiny_model, tmp_path):
