@@ -979,7 +979,7 @@ def lean_mlps(model):  # each MLP whose forward is down(act(gate(x)) * up(x)) (c
 # ============================================================================ 11. Logging, checkpoints, entry point
 class RunLog:
     """logs/<run>.jsonl (one JSON object per step, the source of truth) and logs/<run>.log (readable lines), written by
-    the main process only. A resumed run drops the steps after its checkpoint from the JSONL."""
+    the main process only. A resumed run drops the steps after its checkpoint from the JSONL (and --log_samples')."""
 
     def __init__(self, cfg, active, start, spent):  # start: the first step to run; spent: seconds of steps so far
         self.active, self.jsonl, self.text, self.samples = active, *(f"{cfg.log_dir}/{cfg.run_name}.{e}" for e in
