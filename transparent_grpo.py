@@ -96,11 +96,11 @@ EXAMPLES = [  # (statement, solution): solved instances with other numbers; --wo
      "The function must be continuous at x = 1 and x = -1.\nAt x = 1: the right piece is 1c + 2 and the middle piece "
      "is 1 - 7 = -6. So 1c + 2 = -6, 1c = -8, c = -8.\nAt x = -1: the left piece is 2(-1) - d = -2 - d and the middle "
      "piece is -1 - 7 = -8. So -2 - d = -8, -d = -6, d = 6.\nSo c + d = -8 + 6 = -2, and the answer is \\boxed{-2}."),
-    (piecewise(["cx+5, &\\text{ if }x>3,", "x-4 &\\text{ if } -3 \\le x \\le 3,", "3x-d &\\text{ if } x <-3."], "c+d"),
+    (piecewise(["cx+5, &\\text{ if }x>3,", "x-13 &\\text{ if } -3 \\le x \\le 3,", "3x-d &\\text{ if } x <-3."], "c+d"),
      "The function must be continuous at x = 3 and x = -3.\nAt x = 3: the right piece is 3c + 5 and the middle piece "
-     "is 3 - 4 = -1. So 3c + 5 = -1, 3c = -6, c = -2.\nAt x = -3: the left piece is 3(-3) - d = -9 - d and the middle "
-     "piece is -3 - 4 = -7. So -9 - d = -7, -d = 2, d = -2.\nSo c + d = -2 + (-2) = -4, and the answer is "
-     "\\boxed{-4}."),
+     "is 3 - 13 = -10. So 3c + 5 = -10, 3c = -15, c = -5.\nAt x = -3: the left piece is 3(-3) - d = -9 - d and the "
+     "middle piece is -3 - 13 = -16. So -9 - d = -16, -d = -7, d = 7.\nSo c + d = -5 + 7 = 2, and the answer is "
+     "\\boxed{2}."),
 ]
 ANSWER = {"a": -3.0, "b": 3.0, "a+b": 0.0}  # continuity at x=2: 2a+3 = -3; at x=-2: -4-b = -7
 
