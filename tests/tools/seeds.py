@@ -7,12 +7,13 @@ pass rate. One seed is an anecdote; report a recipe over >= 8.
     python tests/tools/seeds.py --table logs/defaults-seed*.jsonl                # the table of runs already made
     python tests/tools/seeds.py --plot img/seeds.png logs/defaults-seed*.jsonl  # a thin line per seed, the median bold
     python tests/tools/seeds.py --curves logs/<run>.jsonl                        # one run: img/<run>.png, four panels
+    python tests/tools/seeds.py --samples logs/<run>.samples.jsonl.gz --every 5  # what its completions' last lines say
 
 Everything after `--` goes to transparent_grpo.py. Runs side by side share the machine: on CPU each gets its share
 of the cores (pinned); on a GPU they share the one device. A run is judged on the problem's own steps (a curriculum's
 halves are left out): it passes when 5 of them in a row average >= 0.8 (--threshold).
 """
-import argparse, gzip, json, os, shutil, statistics, subprocess, sys, time
+import argparse, collections, gzip, json, os, shutil, statistics, subprocess, sys, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -119,6 +120,23 @@ def curves(jsonl_path, out_dir=os.path.join(ROOT, "img")):
     return out
 
 
+def last_lines(path, every=5, top=3):
+    """What a run wrote (its --log_samples file): every `every` steps, the mean task reward and the `top` last lines
+    written most often, each with how many of the step's completions end in it."""
+    try:
+        rows = rows_of(path)
+    except (OSError, ValueError):
+        rows = []
+    if not rows or not all({"step", "reward", "text"} <= set(r) for r in rows):
+        sys.exit(f"error: {path} is not a --log_samples file of transparent_grpo.py")
+    out = []
+    for r in (r for r in rows if r["step"] % every == 0 or r is rows[-1]):
+        ends = collections.Counter((t.strip().splitlines() or [""])[-1].strip()[:100] for t in r["text"])
+        out.append(f"step {r['step']:4d} | reward {sum(r['reward']) / len(r['reward']):.2f} | "
+                   + " | ".join(f"{n}/{len(r['text'])} {line!r}" for line, n in ends.most_common(top)))
+    return "\n".join(out)
+
+
 def run(seeds, name, flags, parallel, log_dir, zero2, port=29600):
     """Start the seeds' runs, `parallel` at a time; return their JSONL paths (and print each one's fate)."""
     gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0 if shutil.which("nvidia-smi") \
@@ -170,9 +188,14 @@ def main(argv=None):
     ap.add_argument("--table", nargs="+", metavar="JSONL", help="only print the table of these logs")
     ap.add_argument("--plot", nargs="+", metavar=("PNG", "JSONL"), help="draw these logs on one figure")
     ap.add_argument("--curves", metavar="JSONL", help="draw one run's four panels into img/<run>.png")
+    ap.add_argument("--samples", metavar="GZ", help="a --log_samples file: the last lines its completions wrote")
+    ap.add_argument("--every", type=int, default=5, help="--samples: one step in this many (and the last)")
     args = ap.parse_args(ours)
     if args.curves:
         print(curves(args.curves))
+        return 0
+    if args.samples:
+        print(last_lines(args.samples, max(1, args.every)))
         return 0
     if args.plot:
         print(plot(args.plot[0], args.plot[1:], args.threshold))
