@@ -22,7 +22,7 @@ def main():
     target = tok(TARGET, add_special_tokens=False, return_tensors="pt")["input_ids"]
     pieces = [tok.decode(t) for t in target[0]]
     first, second = tg.EXAMPLES
-    for name, shots in [("zero-shot", []), ("the older example alone (EXAMPLES[1])", [second]),
+    for name, shots in [("zero-shot", []), ("EXAMPLES[1] alone", [second]),
                         ("EXAMPLES[0] alone (--worked_examples 1)", [first]),
                         ("EXAMPLES[1], then [0]", [second, first]),
                         ("EXAMPLES[0], then [1] (--worked_examples 2)", [first, second])]:
