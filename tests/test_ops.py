@@ -199,18 +199,19 @@ def test_curves_draws_a_run_and_refuses_other_files(tmp_path):
 
 
 def test_samples_summary_counts_the_last_lines_each_step_and_refuses_other_files(tmp_path):
-    """tests/tools/seeds.py --samples: every --every steps (and the last), the mean task reward and the last lines
+    """tests/tools/seeds.py --samples: every --every steps and the last, the mean task reward and the last lines
     written most often, with their counts; a file that is not a --log_samples file: one error line, exit code 1."""
     tool = [sys.executable, os.path.join(ROOT, "tests", "tools", "seeds.py"), "--samples"]
     gz = tmp_path / "r.samples.jsonl.gz"
     with gzip.open(gz, "wt") as f:
-        for step in range(3):
+        for step in range(4):
             texts = ["steps\nSo the answer is \\boxed{0}.", "So the answer is \\boxed{0}.", f"x\n\\boxed{{{step}}}"]
             f.write(json.dumps({"step": step, "reward": [0.3, 0.3, 0.0], "text": texts}) + "\n")
     p = subprocess.run(tool + [str(gz), "--every", "2"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.splitlines() == [
         "step    0 | reward 0.20 | 2/3 'So the answer is \\\\boxed{0}.' | 1/3 '\\\\boxed{0}'",
-        "step    2 | reward 0.20 | 2/3 'So the answer is \\\\boxed{0}.' | 1/3 '\\\\boxed{2}'"], p.stdout + p.stderr
+        "step    2 | reward 0.20 | 2/3 'So the answer is \\\\boxed{0}.' | 1/3 '\\\\boxed{2}'",
+        "step    3 | reward 0.20 | 2/3 'So the answer is \\\\boxed{0}.' | 1/3 '\\\\boxed{3}'"], p.stdout + p.stderr
     (tmp_path / "run.jsonl").write_text('{"step": 0, "reward/mean": 0.1}\n')
     p = subprocess.run(tool + [str(tmp_path / "run.jsonl")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and p.stderr.strip() == f"error: {tmp_path / 'run.jsonl'} is not a --log_samples file " \
