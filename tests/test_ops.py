@@ -212,6 +212,12 @@ def test_samples_summary_counts_the_last_lines_each_step_and_refuses_other_files
         "step    0 | reward 0.20 | 2/3 'So the answer is \\\\boxed{0}.' | 1/3 '\\\\boxed{0}'",
         "step    2 | reward 0.20 | 2/3 'So the answer is \\\\boxed{0}.' | 1/3 '\\\\boxed{2}'",
         "step    3 | reward 0.20 | 2/3 'So the answer is \\\\boxed{0}.' | 1/3 '\\\\boxed{3}'"], p.stdout + p.stderr
+    long = "x = 2: " + 20 * "the middle piece is -3, " + "a = -3. So the answer is \\boxed{%s}."   # 100+ characters
+    with gzip.open(gz, "wt") as f:                     # lines alike for 100 characters: told apart by where they stop
+        f.write(json.dumps({"step": 0, "reward": [0.4, 0.4, 0.4], "text": [long % -3, long % -3, long % 0]}) + "\n")
+    p = subprocess.run(tool + [str(gz)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.splitlines() == [
+        f"step    0 | reward 0.40 | 2/3 {'...' + (long % -3)[-97:]!r} | 1/3 {'...' + (long % 0)[-97:]!r}"], p.stdout
     (tmp_path / "run.jsonl").write_text('{"step": 0, "reward/mean": 0.1}\n')
     p = subprocess.run(tool + [str(tmp_path / "run.jsonl")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and p.stderr.strip() == f"error: {tmp_path / 'run.jsonl'} is not a --log_samples file " \

@@ -122,7 +122,8 @@ def curves(jsonl_path, out_dir=os.path.join(ROOT, "img")):
 
 def last_lines(path, every=5, top=3):
     """What a run wrote (its --log_samples file): every `every` steps, the mean task reward and the `top` last lines
-    written most often, each with how many of the step's completions end in it."""
+    written most often, each with how many of the step's completions end in it (a line over 100 characters: its last
+    97, after "...": where the completions stop is what tells them apart)."""
     try:
         rows = rows_of(path)
     except (OSError, ValueError):
@@ -131,7 +132,8 @@ def last_lines(path, every=5, top=3):
         sys.exit(f"error: {path} is not a --log_samples file of transparent_grpo.py")
     out = []
     for r in (r for r in rows if r["step"] % every == 0 or r is rows[-1]):
-        ends = collections.Counter((t.strip().splitlines() or [""])[-1].strip()[:100] for t in r["text"])
+        lines = ((t.strip().splitlines() or [""])[-1].strip() for t in r["text"])   # a long line: its end, where it stops
+        ends = collections.Counter(line if len(line) <= 100 else "..." + line[-97:] for line in lines)
         out.append(f"step {r['step']:4d} | reward {sum(r['reward']) / len(r['reward']):.2f} | "
                    + " | ".join(f"{n}/{len(r['text'])} {line!r}" for line, n in ends.most_common(top)))
     return "\n".join(out)
