@@ -2,11 +2,11 @@
 # The small recipe over 8 seeds on one GPU, two ways side by side: one GPU (fp32 weights, bf16 autocast) and DeepSpeed
 # ZeRO-2 bf16 (one process a run). Then one table. Needs the real model at $M and the wheels on PYTHONPATH
 # (../shared/gpu/prepare.sh carries both). Logs go to $L, every completion too (--log_samples); under a device call
-# ($OUT set) they leave as ONE file, $OUT/runs.tgz, since a call brings back only a few files (2026-11-27: 8 of 66).
+# ($OUT set) they leave as ONE file, $OUT/<NAME>-runs.tgz: a call brings back only a few files (2026-11-27: 8 of 66).
 # MINUTES stops every run after that many minutes of steps (--time_limit), so the table and the tarball come before
 # the call's own limit kills everything. A candidate: its flags in EXTRA, its name in NAME; MODES picks one GPU, ZeRO-2
-# or both. Measured (cc1f15e, 2026-11-27, H200): 16 runs fill 87-112 GB (an H100 holds about 12: SEEDS=0-5); a step
-# takes ~9 s on one GPU and ~15 s under ZeRO-2 (16 runs sharing the GPU); the first step ~50 s. Never stop runs with
+# or both. Measured (cc1f15e, 2026-11-27, H200): 16 runs held 85-110 GiB (an H100 holds about 12: SEEDS=0-5); a step
+# takes ~9 s on one GPU and ~12 s under ZeRO-2 (16 runs sharing the GPU); the first step ~50 s. Never stop runs with
 # `pkill -f <a word of this command line>`: it kills the call's own shell too.
 #     MINUTES=7.5 bash tests/tools/gpu_sweep.sh
 #     SEEDS=100-107 NAME=nocons EXTRA="--consistency_bonus 0" bash tests/tools/gpu_sweep.sh
@@ -26,4 +26,6 @@ MODES=${MODES:-1gpu zero2}; RUNS=()
 wait "${RUNS[@]}"
 kill $WATCH
 python3 tests/tools/seeds.py --table "$L"/$N-*.jsonl | tee "$L/$N-table.md"
-if [ -n "${OUT:-}" ]; then rm -f "$L"/*.console; tar czf "$OUT/$N-runs.tgz" -C "$L" . && echo "logs: \$OUT/$N-runs.tgz"; fi
+if [ -n "${OUT:-}" ]; then
+  rm -f "$L"/*.console; tar czf "$OUT/$N-runs.tgz" -C "$L" . && echo "logs: \$OUT/$N-runs.tgz"
+fi
