@@ -198,6 +198,26 @@ def test_curves_draws_a_run_and_refuses_other_files(tmp_path):
                                                                        "of transparent_grpo.py"]
 
 
+def test_seed_table_judges_each_run_by_five_steps_in_a_row(tmp_path):
+    """tests/tools/seeds.py --table: a run passes at the step that ends the first 5 steps in a row whose mean is
+    >= 0.8, its minutes are the summed step times up to it; a gzipped log (as committed) reads like a plain one."""
+    def log(name, rewards, gz=False):
+        rows = [{"step": i, "time/step": 30.0, "reward/mean": r} for i, r in enumerate(rewards)]
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        path = tmp_path / (name + (".jsonl.gz" if gz else ".jsonl"))
+        gzip.open(path, "wt").write(text) if gz else path.write_text(text)
+        return str(path)
+    passes = log("passes", [0.2, 0.2, 0.9, 0.9, 0.9, 0.9, 0.5, 0.9, 0.9, 0.9], gz=True)  # steps 2-6: 4.1 / 5 = 0.82
+    stalls = log("stalls", [0.5] * 9 + [1.0])                                           # one lucky step is not a pass
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "tools", "seeds.py"), "--table", passes, stalls],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.splitlines()[2:] == [
+        "| passes | 10 | 0.82 | 6 | 3.5 | 5.0 |",
+        "| stalls | 10 | 0.60 | - | - | 5.0 |", "",
+        "pass rate: 1/2 reach a 5-step mean >= 0.8; median minutes of steps to it (passing runs): 3.5",
+    ], p.stdout + p.stderr
+
+
 def test_samples_summary_counts_the_last_lines_each_step_and_refuses_other_files(tmp_path):
     """tests/tools/seeds.py --samples: every --every steps and the last, the mean task reward and the last lines
     written most often, with their counts; a file that is not a --log_samples file: one error line, exit code 1."""
@@ -310,7 +330,8 @@ def test_kill_and_resume_gives_one_continuous_log(tiny_model, tmp_path):
     resumed = metrics(log)
     assert [r["step"] for r in resumed] == list(range(30))
     # the same run without the interruption: identical metrics (RNG, optimizer and weights all restored)
-    p = subprocess.run(script(tmp_path, tiny_model, "--run_name", "straight"), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(script(tmp_path, tiny_model, "--run_name", "straight"), capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 0
     assert metrics(tmp_path / "logs" / "straight.jsonl") == resumed
 
@@ -353,7 +374,8 @@ def run_main(args, capsys):
         tg.main(args)
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    return stop.value.code, [ln for ln in err.strip().splitlines() if ln.strip() and not ln.startswith(("Loading", "Writing"))]
+    return stop.value.code, [ln for ln in err.strip().splitlines()
+                             if ln.strip() and not ln.startswith(("Loading", "Writing"))]
 
 
 def main_args(model, tmp_path, *extra):

@@ -132,7 +132,8 @@ def last_lines(path, every=5, top=3):
         sys.exit(f"error: {path} is not a --log_samples file of transparent_grpo.py")
     out = []
     for r in (r for r in rows if r["step"] % every == 0 or r is rows[-1]):
-        lines = ((t.strip().splitlines() or [""])[-1].strip() for t in r["text"])   # a long line: its end, where it stops
+        # a long line: shown by its end, where it stops
+        lines = ((t.strip().splitlines() or [""])[-1].strip() for t in r["text"])
         ends = collections.Counter(line if len(line) <= 100 else "..." + line[-97:] for line in lines)
         out.append(f"step {r['step']:4d} | reward {sum(r['reward']) / len(r['reward']):.2f} | "
                    + " | ".join(f"{n}/{len(r['text'])} {line!r}" for line, n in ends.most_common(top)))
