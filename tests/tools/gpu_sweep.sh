@@ -6,8 +6,8 @@
 # MINUTES stops every run after that many minutes of steps (--time_limit), so the table and the tarball come before
 # the call's own limit kills everything. A candidate: its flags in EXTRA, its name in NAME; MODES picks one GPU, ZeRO-2
 # or both. Measured (cc1f15e, 2026-11-27): on an H200, 16 runs (both modes) held 85-110 GiB, ~9 s a step on one GPU and
-# ~12 s under ZeRO-2; on an H100, 8 runs of one mode at a time: 41-48 GiB and 4.6-5.0 s a step on one GPU (60 steps in
-# 5.6 minutes), 51-56 GiB and 5.4-5.6 s under ZeRO-2; the first step 33-49 s. Never stop runs with
+# ~12 s under ZeRO-2; on an H100, 8 runs of one mode at a time: 40-46 GiB and 4.6-5.0 s a step on one GPU (60 steps in
+# 5.6 minutes), 50-55 GiB and 5.4-5.6 s under ZeRO-2; the first step 33-49 s. Never stop runs with
 # `pkill -f <a word of this command line>`: it kills the call's own shell too.
 #     MINUTES=7.5 bash tests/tools/gpu_sweep.sh                  # an H200
 #     MINUTES=8 MODES=1gpu bash tests/tools/gpu_sweep.sh          # an H100: one mode a call (MODES=zero2 next)
