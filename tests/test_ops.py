@@ -205,7 +205,8 @@ def test_seed_table_judges_each_run_by_five_steps_in_a_row(tmp_path):
         rows = [{"step": i, "time/step": 30.0, "reward/mean": r} for i, r in enumerate(rewards)]
         text = "".join(json.dumps(r) + "\n" for r in rows)
         path = tmp_path / (name + (".jsonl.gz" if gz else ".jsonl"))
-        gzip.open(path, "wt").write(text) if gz else path.write_text(text)
+        with (gzip.open(path, "wt") if gz else open(path, "w")) as f:
+            f.write(text)
         return str(path)
     passes = log("passes", [0.2, 0.2, 0.9, 0.9, 0.9, 0.9, 0.5, 0.9, 0.9, 0.9], gz=True)  # steps 2-6: 4.1 / 5 = 0.82
     stalls = log("stalls", [0.5] * 9 + [1.0])                                           # one lucky step is not a pass
