@@ -219,6 +219,35 @@ def test_seed_table_judges_each_run_by_five_steps_in_a_row(tmp_path):
     ], p.stdout + p.stderr
 
 
+def test_seed_sweep_stops_a_run_once_it_passes_and_starts_the_next_seed(tmp_path, monkeypatch):
+    """seeds.py --stop_passed: a run whose last 5 steps average >= 0.8 is stopped (it would go on for minutes) and the
+    next seed takes its slot; a run that never passes ends on its own; without the flag nothing is stopped."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tests", "tools"))
+    import seeds
+    fake = tmp_path / "fake_trainer.py"   # a step a tenth of a second; even seeds pass, odd ones stall (20 steps)
+    fake.write_text("import json, sys, time\n"
+                    "a = dict(zip(sys.argv[1::2], sys.argv[2::2]))\n"
+                    "seed = int(a['--seed'])\n"
+                    "steps = 20 if seed % 2 else int(a['--steps'])\n"
+                    "with open(f\"{a['--log_dir']}/{a['--run_name']}.jsonl\", 'w') as f:\n"
+                    "    for i in range(steps):\n"
+                    "        r = 0.5 if seed % 2 else min(1.0, 0.3 + 0.1 * i)\n"
+                    "        f.write(json.dumps({'step': i, 'time/step': 6.0, 'reward/mean': r}) + '\\n')\n"
+                    "        f.flush(), time.sleep(0.1)\n")
+    def sweep(stop, steps, seeds_):
+        out = subprocess.run([sys.executable, "-c", (
+            f"import sys; sys.path.insert(0, {os.path.dirname(seeds.__file__)!r}); import seeds; "
+            f"seeds.run({seeds_!r}, 'fake', ['--steps', '{steps}'], 1, {str(tmp_path)!r}, False, stop_passed={stop}, "
+            f"script={str(fake)!r})")], capture_output=True, text=True, timeout=300)
+        return out.stdout
+    text = sweep(0.8, 600, [0, 1])   # seed 0 would write for 60 s; it passes at step 7 (steps 3-7: 0.6..1.0)
+    assert "seed 0 passed at step 7: stopped (--stop_passed)" in text and "seed 1 finished with exit code 0" in text
+    assert seeds.judge(str(tmp_path / "fake-seed0.jsonl"))["steps"] < 600, text
+    assert not os.path.exists(tmp_path / "fake-seed0.console"), text
+    text = sweep(None, 40, [0])          # without the flag a passing run goes to its end
+    assert "seed 0 finished with exit code 0" in text and seeds.judge(str(tmp_path / "fake-seed0.jsonl"))["steps"] == 40
+
+
 def test_samples_summary_counts_the_last_lines_each_step_and_refuses_other_files(tmp_path):
     """tests/tools/seeds.py --samples: every --every steps and the last, the mean task reward and the last lines
     written most often, with their counts; a file that is not a --log_samples file: one error line, exit code 1."""

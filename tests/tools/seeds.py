@@ -2,6 +2,7 @@
 pass rate. One seed is an anecdote; report a recipe over >= 8.
 
     python tests/tools/seeds.py --seeds 0-7 --name defaults                      # the defaults, one run at a time (CPU)
+    python tests/tools/seeds.py --seeds 0-7 --parallel 2 --stop_passed --name d  # a run stops once it passes
     python tests/tools/seeds.py --seeds 0-7 --parallel 8 --name gpu -- --model /tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf
     python tests/tools/seeds.py --seeds 0-7 --parallel 8 --zero2 --name z2 -- ...  # ZeRO-2 bf16, one process a run
     python tests/tools/seeds.py --table logs/defaults-seed*.jsonl                # the table of runs already made
@@ -140,13 +141,15 @@ def last_lines(path, every=5, top=3):
     return "\n".join(out)
 
 
-def run(seeds, name, flags, parallel, log_dir, zero2, port=29600):
-    """Start the seeds' runs, `parallel` at a time; return their JSONL paths (and print each one's fate)."""
+def run(seeds, name, flags, parallel, log_dir, zero2, port=29600, stop_passed=None,
+        script=os.path.join(ROOT, "transparent_grpo.py")):
+    """Start the seeds' runs, `parallel` at a time; return their JSONL paths (and print each one's fate). With
+    `stop_passed` (a threshold) a run is stopped once it passes, and the next seed takes its place."""
     gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0 if shutil.which("nvidia-smi") \
         else False                                                      # GPU runs share the device, not pinned cores
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     share = max(1, len(cores) // parallel)
-    pending, live, paths = list(seeds), {}, []
+    pending, live, paths, stopped = list(seeds), {}, [], {}
     while pending or live:
         while pending and len(live) < parallel:
             seed, slot = pending.pop(0), next(k for k in range(parallel) if k not in {s for s, _, _ in live.values()})
@@ -154,7 +157,7 @@ def run(seeds, name, flags, parallel, log_dir, zero2, port=29600):
             launch = [sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--zero_stage", "2",
                       "--mixed_precision", "bf16", "--num_processes", "1", "--main_process_port", str(port + slot)] \
                 if zero2 else [sys.executable]
-            cmd = [*launch, os.path.join(ROOT, "transparent_grpo.py"), *flags, "--seed", str(seed),
+            cmd = [*launch, script, *flags, "--seed", str(seed),
                    "--run_name", run_name, "--log_dir", log_dir]
             env = dict(os.environ, OMP_NUM_THREADS=str(share), TORCHINDUCTOR_COMPILE_THREADS="1",
                        TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
@@ -166,9 +169,23 @@ def run(seeds, name, flags, parallel, log_dir, zero2, port=29600):
             paths.append(os.path.join(log_dir, f"{run_name}.jsonl"))
             print(f"started seed {seed}: {' '.join(cmd)}", flush=True)
         time.sleep(2)
+        for p, (slot, seed, err) in list(live.items()):                  # --stop_passed: a run that passed stops
+            log = os.path.join(log_dir, f"{name}-seed{seed}.jsonl")
+            if stop_passed is not None and p not in stopped and p.poll() is None and os.path.exists(log):
+                try:
+                    first = judge(log, stop_passed)["first"]
+                except ValueError:                                      # a line still being written
+                    first = None
+                if first is not None:
+                    stopped[p] = first
+                    p.terminate()
         for p in [p for p in live if p.poll() is not None]:
             slot, seed, err = live.pop(p)
             err.close()
+            if p in stopped:
+                print(f"seed {seed} passed at step {stopped[p]}: stopped (--stop_passed)", flush=True)
+                os.remove(err.name)
+                continue
             print(f"seed {seed} finished with exit code {p.returncode}", flush=True)
             if p.returncode != 0:
                 print("".join(open(err.name).readlines()[-15:]), flush=True)
@@ -188,6 +205,7 @@ def main(argv=None):
     ap.add_argument("--log_dir", default=os.path.join(ROOT, "logs"))
     ap.add_argument("--port", type=int, default=29600, help="--zero2: run k uses port + k")
     ap.add_argument("--threshold", type=float, default=0.8)
+    ap.add_argument("--stop_passed", action="store_true", help="stop a run once it passes; the next seed starts")
     ap.add_argument("--table", nargs="+", metavar="JSONL", help="only print the table of these logs")
     ap.add_argument("--plot", nargs="+", metavar=("PNG", "JSONL"), help="draw these logs on one figure")
     ap.add_argument("--curves", metavar="JSONL", help="draw one run's four panels into img/<run>.png")
@@ -205,7 +223,8 @@ def main(argv=None):
         return 0
     if not args.table:
         os.makedirs(args.log_dir, exist_ok=True)
-        paths = run(seeds_of(args.seeds), args.name, flags, max(1, args.parallel), args.log_dir, args.zero2, args.port)
+        paths = run(seeds_of(args.seeds), args.name, flags, max(1, args.parallel), args.log_dir, args.zero2, args.port,
+                    args.threshold if args.stop_passed else None)
     paths = [p for p in (args.table or paths) if os.path.exists(p) and os.path.getsize(p)]
     text, results = table(paths, args.threshold)
     print(text)
