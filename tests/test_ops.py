@@ -210,7 +210,9 @@ def test_seed_table_judges_each_run_by_five_steps_in_a_row(tmp_path):
         return str(path)
     passes = log("passes", [0.2, 0.2, 0.9, 0.9, 0.9, 0.9, 0.5, 0.9, 0.9, 0.9], gz=True)  # steps 2-6: 4.1 / 5 = 0.82
     stalls = log("stalls", [0.5] * 9 + [1.0])                                           # one lucky step is not a pass
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "tools", "seeds.py"), "--table", passes, stalls],
+    samples = log("stalls.samples", [0.5])                # a --log_samples file that a glob matches: not a run
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "tools", "seeds.py"), "--table", passes, stalls,
+                        samples],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.splitlines()[2:] == [
         "| passes | 10 | 0.82 | 6 | 3.5 | 5.0 |",

@@ -32,6 +32,10 @@ def rows_of(path):  # a JSONL log, or one gzipped (.jsonl.gz)
         return [json.loads(ln) for ln in f if ln.strip()]
 
 
+def step_logs(paths):  # a glob such as logs/dir/*.jsonl.gz also matches the --log_samples files: those are left out
+    return [p for p in paths if ".samples.jsonl" not in os.path.basename(p)]
+
+
 def judge(path, threshold=0.8, window=5):
     """{run, steps, best, first, minutes_to_first, minutes}: the best mean of `window` problem steps in a row, the step
     that ends the first such window at >= threshold, and the minutes of step time up to it and in all."""
@@ -219,13 +223,13 @@ def main(argv=None):
         print(last_lines(args.samples, max(1, args.every)))
         return 0
     if args.plot:
-        print(plot(args.plot[0], args.plot[1:], args.threshold))
+        print(plot(args.plot[0], step_logs(args.plot[1:]), args.threshold))
         return 0
     if not args.table:
         os.makedirs(args.log_dir, exist_ok=True)
         paths = run(seeds_of(args.seeds), args.name, flags, max(1, args.parallel), args.log_dir, args.zero2, args.port,
                     args.threshold if args.stop_passed else None)
-    paths = [p for p in (args.table or paths) if os.path.exists(p) and os.path.getsize(p)]
+    paths = [p for p in step_logs(args.table or paths) if os.path.exists(p) and os.path.getsize(p)]
     text, results = table(paths, args.threshold)
     print(text)
     return 0 if paths else 1
