@@ -226,11 +226,11 @@ def test_seed_sweep_stops_a_run_once_it_passes_and_starts_the_next_seed(tmp_path
     next seed takes its slot; a run that never passes ends on its own; without the flag nothing is stopped."""
     monkeypatch.syspath_prepend(os.path.join(ROOT, "tests", "tools"))
     import seeds
-    fake = tmp_path / "fake_trainer.py"   # a step a tenth of a second; even seeds pass, odd ones stall (20 steps)
+    fake = tmp_path / "fake_trainer.py"   # a step a tenth of a second; even seeds pass, odd ones stall (8 steps)
     fake.write_text("import json, sys, time\n"
                     "a = dict(zip(sys.argv[1::2], sys.argv[2::2]))\n"
                     "seed = int(a['--seed'])\n"
-                    "steps = 20 if seed % 2 else int(a['--steps'])\n"
+                    "steps = 8 if seed % 2 else int(a['--steps'])\n"
                     "with open(f\"{a['--log_dir']}/{a['--run_name']}.jsonl\", 'w') as f:\n"
                     "    for i in range(steps):\n"
                     "        r = 0.5 if seed % 2 else min(1.0, 0.3 + 0.1 * i)\n"
@@ -246,8 +246,8 @@ def test_seed_sweep_stops_a_run_once_it_passes_and_starts_the_next_seed(tmp_path
     assert "seed 0 passed at step 7: stopped (--stop_passed)" in text and "seed 1 finished with exit code 0" in text
     assert seeds.judge(str(tmp_path / "fake-seed0.jsonl"))["steps"] < 600, text
     assert not os.path.exists(tmp_path / "fake-seed0.console"), text
-    text = sweep(None, 40, [0])          # without the flag a passing run goes to its end
-    assert "seed 0 finished with exit code 0" in text and seeds.judge(str(tmp_path / "fake-seed0.jsonl"))["steps"] == 40
+    text = sweep(None, 12, [0])          # without the flag a passing run goes to its end
+    assert "seed 0 finished with exit code 0" in text and seeds.judge(str(tmp_path / "fake-seed0.jsonl"))["steps"] == 12
 
 
 def test_samples_summary_counts_the_last_lines_each_step_and_refuses_other_files(tmp_path):
