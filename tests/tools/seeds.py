@@ -156,7 +156,7 @@ def run(seeds, name, flags, parallel, log_dir, zero2, port=29600, stop_passed=No
     pending, live, paths, stopped = list(seeds), {}, [], {}
     while pending or live:
         while pending and len(live) < parallel:
-            seed, slot = pending.pop(0), next(k for k in range(parallel) if k not in {s for s, _, _ in live.values()})
+            seed, slot = pending.pop(0), next(k for k in range(parallel) if k not in {s for s, *_ in live.values()})
             run_name = f"{name}-seed{seed}"
             launch = [sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--zero_stage", "2",
                       "--mixed_precision", "bf16", "--num_processes", "1", "--main_process_port", str(port + slot)] \
@@ -169,12 +169,11 @@ def run(seeds, name, flags, parallel, log_dir, zero2, port=29600, stop_passed=No
             err = open(os.path.join(log_dir, f"{run_name}.console"), "w")
             p = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT, cwd=ROOT,
                                  preexec_fn=(lambda c=mine: os.sched_setaffinity(0, c)) if mine else None)
-            live[p] = (slot, seed, err)
             paths.append(os.path.join(log_dir, f"{run_name}.jsonl"))
+            live[p] = (slot, seed, err, paths[-1])
             print(f"started seed {seed}: {' '.join(cmd)}", flush=True)
         time.sleep(2)
-        for p, (slot, seed, err) in list(live.items()):                  # --stop_passed: a run that passed stops
-            log = os.path.join(log_dir, f"{name}-seed{seed}.jsonl")
+        for p, (_, _, _, log) in live.items():                           # --stop_passed: a run that passed stops
             if stop_passed is not None and p not in stopped and p.poll() is None and os.path.exists(log):
                 try:
                     first = judge(log, stop_passed)["first"]
@@ -184,7 +183,7 @@ def run(seeds, name, flags, parallel, log_dir, zero2, port=29600, stop_passed=No
                     stopped[p] = first
                     p.terminate()
         for p in [p for p in live if p.poll() is not None]:
-            slot, seed, err = live.pop(p)
+            slot, seed, err, _ = live.pop(p)
             err.close()
             if p in stopped:
                 print(f"seed {seed} passed at step {stopped[p]}: stopped (--stop_passed)", flush=True)
