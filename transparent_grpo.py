@@ -19,7 +19,8 @@ How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step 
  7. The small model's recipe (README: What to expect) adds GDPO advantages (each part of the reward normalised on its
     own), an entropy bonus steered to a target entropy (Skywork-OR1) and two shaping terms of the toy reward.
 """
-import copy, functools, gzip, importlib.util, inspect, json, math, os, re, resource, shutil, sys, time, weakref
+import contextlib, copy, functools, gzip, importlib.util, inspect, json, math, os, re, resource, shutil, sys, time
+import weakref
 from dataclasses import asdict, dataclass, field, replace
 from shlex import quote as shlex_quote
 from typing import Optional
@@ -825,18 +826,50 @@ def fast_sample(model, prompt_ids, n, cfg, eos, pad_id):
     cache.layers = [InPlaceKV(layer, n, cfg.max_new_tokens) for layer in cache.layers]
     tokens = prompt_ids.new_full((n, cfg.max_new_tokens), pad_id)                      # [n, T] pad after EOS
     live, eos = torch.arange(n, device=prompt_ids.device), torch.tensor(eos, device=prompt_ids.device)
-    for t in range(cfg.max_new_tokens):
-        y = torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1)      # [live, 1]  y ~ pi_old
-        tokens[live, t] = y[:, 0]
-        going = ~torch.isin(y[:, 0], eos)                                               # [live] no EOS yet
-        if not going.all():
-            live, y = live[going], y[going]
-            cache.batch_select_indices(going)
-        if len(live) == 0 or t + 1 == cfg.max_new_tokens:
-            break
-        out = model(input_ids=y, **cache_arg(model, cache), use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1]                                                      # [live, V]
+    with prefix_attention_on(model, prompt_ids.shape[1]) as prefix:                    # the prompt's K, V read once
+        for t in range(cfg.max_new_tokens):
+            y = torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1)  # [live, 1]  y ~ pi_old
+            tokens[live, t] = y[:, 0]
+            going = ~torch.isin(y[:, 0], eos)                                           # [live] no EOS yet
+            if not going.all():
+                live, y = live[going], y[going]
+                cache.batch_select_indices(going)
+            if len(live) == 0 or t + 1 == cfg.max_new_tokens:
+                break
+            out = model(input_ids=y, **cache_arg(model, cache), use_cache=True, logits_to_keep=1, **prefix)
+            logits = out.logits[:, -1]                                                  # [live, V]
     return torch.cat([prompt_ids.expand(n, -1), tokens[:, :t + 1]], 1)                 # [n, P+T']
+
+def prefix_attention(module, q, k, v, mask, dropout=0.0, scaling=None, shared_prefix=0, **kw):
+    """fast_sample's decode attention: one new token in n rows whose first P keys and values are one prompt's (InPlaceKV
+    copies it into every row). softmax(q k^T s) v over [prompt | own tokens] with the prompt's K, V read from row 0
+    only, as one matmul for every row: SDPA reads all n copies. The same sums, in another order (else: SDPA)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    (n, H, T, D), Hk, P = q.shape, k.shape[1], shared_prefix
+    if not 0 < P < k.shape[2] or T != 1 or mask is not None or dropout or H % Hk:
+        return sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling, **kw)
+    q = q.reshape(n, Hk, H // Hk, D)                                                   # [n, Hk, g, D] g per KV head
+    shared = lambda x: x.transpose(0, 1).flatten(1, 2)                                  # [n, Hk, g, *] -> [Hk, n*g, *]
+    back = lambda x: x.unflatten(1, (n, -1)).transpose(0, 1)                            # and back
+    s = torch.cat([back(shared(q) @ k[0, :, :P].mT), q @ k[:, :, P:].mT], -1)           # [n, Hk, g, P+t] q.k
+    s = s.to(torch.promote_types(s.dtype, torch.float32)) * (D ** -0.5 if scaling is None else scaling)
+    p = torch.softmax(s, -1).to(v.dtype)                                               # [n, Hk, g, P+t]
+    o = back(shared(p[..., :P]) @ v[0, :, :P]) + p[..., P:] @ v[:, :, P:]               # [n, Hk, g, D]
+    return o.reshape(n, 1, H, D), None                                                  # [n, 1, H, D] as SDPA's
+
+@contextlib.contextmanager
+def prefix_attention_on(model, P):  # while sampling, an SDPA model's attention runs as prefix_attention; the model
+    from transformers import AttentionInterface  # takes the extra keyword it yields (none for other attentions)
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    config, was = unwrap(model).config, unwrap(model).config._attn_implementation
+    if was == "sdpa":
+        AttentionInterface.register("prefix_sdpa", prefix_attention)
+        AttentionMaskInterface.register("prefix_sdpa", sdpa_mask)
+        config._attn_implementation = "prefix_sdpa"
+    try:
+        yield {"shared_prefix": P} if was == "sdpa" else {}
+    finally:
+        config._attn_implementation = was
 
 ROWS_PER_PASS = 4  # rows of like length per forward in shared_prompt_hidden (README: Where each piece lives)
 

@@ -1,5 +1,5 @@
 """The fast sampler (§4) samples exactly softmax(logits / T), honours the first-EOS contract, and sees new weights."""
-import math, os
+import functools, math, os
 from types import SimpleNamespace
 
 import pytest
@@ -184,3 +184,48 @@ def test_the_cache_goes_under_the_keyword_the_model_takes(tiny_model, sampler, r
             out.append((seqs, tg.token_logprobs(m, seqs, prompt.shape[1], mask, T)[0]))  # the shared-prompt path
     assert torch.equal(out[0][0], out[1][0]) and torch.allclose(out[0][1], out[1][1], atol=1e-12)
     assert not [w for w in recwarn if "deprecated" in str(w.message)]
+
+
+def test_prefix_attention_is_sdpa_with_the_prompt_read_once(tiny_model, monkeypatch):
+    """fast_sample's decode attention (§10): n rows that share the prompt's keys and values, then their own. In float64
+    it gives SDPA's output for every row and head (it reads the prompt from row 0 only, so the rows' own keys must
+    come from their own rows: a mix-up shows); the model's next-token logits agree with SDPA's during fast_sample's
+    decode; the prefix path is the one that ran; the attention is SDPA again after sampling."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    g = torch.Generator().manual_seed(0)
+    n, H, Hk, D, P, t = 5, 4, 2, 8, 7, 3
+    module = SimpleNamespace(num_key_value_groups=H // Hk, is_causal=True, training=False)
+    k, v = (torch.cat([torch.randn(1, Hk, P, D, generator=g, dtype=torch.float64).expand(n, -1, -1, -1),
+                       torch.randn(n, Hk, t, D, generator=g, dtype=torch.float64)], 2) for _ in range(2))
+    q = torch.randn(n, H, 1, D, generator=g, dtype=torch.float64)
+    want, _ = sdpa_attention_forward(module, q, k, v, None, scaling=0.3)                 # [n, 1, H, D]
+    got, _ = tg.prefix_attention(module, q, k, v, None, scaling=0.3, shared_prefix=P)
+    assert got.shape == want.shape and torch.allclose(got, want, rtol=0, atol=1e-12)
+    assert not torch.allclose(tg.prefix_attention(module, q, k.roll(1, 0), v, None, scaling=0.3, shared_prefix=P)[0],
+                              want, atol=1e-3)                                           # own keys of another row
+    tok, model = load(tiny_model)
+    prompt = tok("abcab", return_tensors="pt")["input_ids"]
+    calls, real = [], tg.prefix_attention
+    counted = lambda *a, **kw: calls.append(kw.get("shared_prefix")) or real(*a, **kw)
+    monkeypatch.setattr(tg, "prefix_attention", counted)
+    seen, forward = [], model.forward
+
+    @functools.wraps(forward)
+    def check(input_ids, **kw):  # every decode step: the logits again with SDPA, from the same cache
+        out = forward(input_ids=input_ids, **kw)
+        cache, saved = tg.kv_cache(out), None
+        if kw.get("shared_prefix"):
+            with torch.no_grad():
+                was, model.config._attn_implementation = model.config._attn_implementation, "sdpa"
+                for layer in cache.layers:                                               # drop the token just added
+                    layer.len -= 1
+                    layer.batch_select_indices(slice(None))
+                sdpa = forward(input_ids=input_ids, **{k: x for k, x in kw.items() if k != "shared_prefix"})
+                model.config._attn_implementation = was
+            seen.append(torch.allclose(out.logits, sdpa.logits, rtol=0, atol=1e-10))
+        return out
+    monkeypatch.setattr(model, "forward", check)
+    torch.manual_seed(0)
+    tg.sample(model, prompt, 6, SimpleNamespace(sampler="fast", max_new_tokens=4, temperature=1.0), eos=[-1], pad_id=0)
+    assert seen == [True] * 3 and calls and set(calls) == {prompt.shape[1]}
+    assert model.config._attn_implementation == "sdpa"

@@ -16,6 +16,8 @@ VARIANTS = {  # name: (what it switches off, code run before train(), extra flag
     "no_shared_prompt": ("shared_prompt_hidden: one forward over prompt + completion per row",
                          "tg.shared_prompt_hidden = lambda *a, **k: None", []),
     "no_lean_mlp": ("lean_mlps: the stock MLP's saved activations", "tg.lean_mlps = lambda model: None", []),
+    "no_prefix_attention": ("prefix_attention: SDPA reads the prompt's K, V in every row while sampling",
+                            "tg.prefix_attention_on = lambda model, P: contextlib.nullcontext({})", []),
 }
 RUN = """
 import contextlib, sys
