@@ -213,7 +213,7 @@ def test_prefix_attention_is_sdpa_with_the_prompt_read_once(tiny_model, monkeypa
     @functools.wraps(forward)
     def check(input_ids, **kw):  # every decode step: the logits again with SDPA, from the same cache
         out = forward(input_ids=input_ids, **kw)
-        cache, saved = tg.kv_cache(out), None
+        cache = tg.kv_cache(out)
         if kw.get("shared_prefix"):
             with torch.no_grad():
                 was, model.config._attn_implementation = model.config._attn_implementation, "sdpa"
