@@ -818,7 +818,8 @@ def kv_cache(out):  # the KV cache a forward returned, under either name
 @torch.inference_mode()
 def fast_sample(model, prompt_ids, n, cfg, eos, pad_id):
     """--sampler fast (auto on CPU): sample()'s contract, faster. The prompt runs once and its KV cache is copied into n
-    rows with room for every new token (InPlaceKV); a decode step runs only the unfinished rows."""
+    rows with room for every new token (InPlaceKV); a decode step runs only the unfinished rows, and its attention
+    reads the prompt's keys and values once for all of them (prefix_attention)."""
     out = model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)                # [1, 1, V]
     if any(type(layer) is not DynamicLayer for layer in getattr(kv_cache(out), "layers", [0])):
         return generate(model, prompt_ids, n, cfg, eos, pad_id, "hf")                   # e.g. sliding windows
