@@ -65,6 +65,12 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
     "sampler_keeps_sampling_after_eos": ("if not going.all():", "if False:"),
     "sampler_cache_not_advanced": ("self.len += k.shape[2]", "self.len += 0"),
     "sampler_twin_not_refreshed": ("t.copy_(weights[name])", "t.copy_(weights[name]) if False else None"),
+    "sampler_prefix_drops_own_tokens": ("o = back(shared(p[..., :P]) @ v[0, :, :P]) + p[..., P:] @ v[:, :, P:]",
+                                        "o = back(shared(p[..., :P]) @ v[0, :, :P])"),
+    "sampler_prefix_softmax_per_part": ("p = torch.softmax(s, -1).to(v.dtype)",
+                                        "p = torch.cat([torch.softmax(s[..., :P], -1), torch.softmax(s[..., P:], -1)], "
+                                        "-1).to(v.dtype)"),
+    "sampler_prefix_unscaled": ("* (D ** -0.5 if scaling is None else scaling)", ""),
     # the reference's log-prob path (checked by its own test in tests/test_e2e.py)
     "reference_path_by_training_mode": ('checkpointing = any(getattr(m, "gradient_checkpointing", False)',
                                         'checkpointing = model.training and any(getattr(m, "gradient_checkpointing", '
