@@ -859,10 +859,13 @@ def prefix_attention(module, q, k, v, mask, dropout=0.0, scaling=None, shared_pr
     return o.reshape(n, 1, H, D), None                                                  # [n, 1, H, D] as SDPA's
 
 @contextlib.contextmanager
-def prefix_attention_on(model, P):  # while sampling, an SDPA model's attention runs as prefix_attention; the model
-    from transformers import AttentionInterface  # takes the extra keyword it yields (none for other attentions)
+def prefix_attention_on(model, P):
+    """While sampling, an SDPA model's attention runs as prefix_attention; yields the keyword its forward then takes
+    ({} for any other attention, which stays as it is)."""
+    from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    config, was = unwrap(model).config, unwrap(model).config._attn_implementation
+    config = unwrap(model).config
+    was = config._attn_implementation
     if was == "sdpa":
         AttentionInterface.register("prefix_sdpa", prefix_attention)
         AttentionMaskInterface.register("prefix_sdpa", sdpa_mask)
