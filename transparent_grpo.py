@@ -557,11 +557,14 @@ def resolve(cfg: Config, cuda: bool) -> Config:
 
 def load_model(name: str, dtype: torch.dtype):
     """Tokenizer and model from a hub id, a folder, a .gguf or 'bundled:' (GGUF: dequantised into a plain model)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
     path = bundled_gguf() if name.startswith("bundled:") else os.path.expanduser(name)
     folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32 if file else dtype)
+    meta = model_config(path) if file else None  # a GGUF's config, read already by validate (~10 s a read)
+    given = {"config": copy.deepcopy(meta)} if isinstance(meta, PretrainedConfig) else {}
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32 if file else dtype,
+                                                 **given)
     if file:
         model.config.__dict__.pop("quantization_config", None)
         plain = AutoModelForCausalLM.from_config(model.config, dtype=dtype)

@@ -8,6 +8,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 torch.set_num_threads(2)
+# the processes the tests start skip DeepSpeed's CPU kernel build: tests/ds_gloo/sitecustomize.py says why
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(ROOT, "tests", "ds_gloo"),
+                                                         os.environ.get("PYTHONPATH")]))
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 =+-*/\\{}()[]<>|_:;.,$'\"!?\n")
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
