@@ -561,7 +561,7 @@ def load_model(name: str, dtype: torch.dtype):
     path = bundled_gguf() if name.startswith("bundled:") else os.path.expanduser(name)
     folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-    meta = model_config(path) if file else None  # a GGUF's config, read already by validate (~10 s a read)
+    meta = model_config(path) if file else None  # a GGUF's config, read already by validate (a read: ~10 s)
     given = {"config": copy.deepcopy(meta)} if isinstance(meta, PretrainedConfig) else {}
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32 if file else dtype,
                                                  **given)
