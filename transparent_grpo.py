@@ -267,7 +267,7 @@ def zscore(R):  # (R - mean) / std per group; a tied group gets exactly 0 (its f
     std = R.std(1, keepdim=True)                                                        # [P, 1]
     return torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True)) / std.clamp(min=1e-6))  # [P, G]
 
-def gdpo(C):  # GDPO (Liu et al. 2026): each part of the reward z-scored in its group, summed, then / std over the batch
+def gdpo(C):  # GDPO (Liu et al. 2026), every part's weight 1: each part z-scored in its group, summed, / std over batch
     A = zscore(C if C.dim() == 3 else C[..., None]).sum(-1)                             # [P, G] C: [P, G, K]
     std = A.std() if A.numel() > 1 else A.new_zeros(())
     return torch.where(std < 1e-6, 0.0, A / std.clamp(min=1e-6))                        # [P, G]
