@@ -311,3 +311,23 @@ def test_reward_columns_sum_to_the_learning_reward_and_gdpo_reads_them():
     torch.testing.assert_close(tg.advantages(C.sum(1)[None], kl, cfg, parts), tg.ADVANTAGES["gdpo"](parts))
     torch.testing.assert_close(tg.advantages(C.sum(1)[None], kl, _cfg(advantage="zscore"), parts),
                                tg.ADVANTAGES["zscore"](C.sum(1)[None]))
+
+
+def test_under_gdpo_a_shaping_term_counts_by_its_sign_not_its_size():
+    """GDPO z-scores each column in its group, and z(c x) = z(x) for c > 0: --truncation_penalty 0.1 and 1.0 (and
+    --consistency_bonus 0.3 and 0.05) give the same advantages; one truncated sample weighs like one missed credit.
+    Under the z-score of the summed reward the size counts. The README says so; this pins it."""
+    texts = ["So a = -3, b = 3, a + b = 0, \\boxed{0}", "a = 0, b = 3, so \\boxed{0}", "a = -3, b = -3: \\boxed{-6}",
+             "2 - 5 = -3", "nothing", "At x = 2: 2a + 3 = -3 so a = -3", "b = 3", "nothing at all"]
+    truncated = torch.tensor([False, False, True, True, False, True, False, False])
+    R, kl = torch.tensor([tg.toy_reward(t) for t in texts]), torch.zeros(1, 8)
+
+    def A(advantage, **shaping):
+        cfg = _cfg(advantage=advantage, **shaping)
+        C = tg.reward_columns(texts, R, truncated, cfg, toy=True)                       # [8, K + 2]
+        return tg.advantages(C.sum(1)[None], kl, cfg, C[None])                          # [1, 8]
+    small = dict(truncation_penalty=0.1, consistency_bonus=0.3)
+    big = dict(truncation_penalty=1.0, consistency_bonus=0.05)
+    torch.testing.assert_close(A("gdpo", **small), A("gdpo", **big))
+    assert not torch.allclose(A("zscore", **small), A("zscore", **big))
+    assert not torch.allclose(A("gdpo", **small), A("gdpo", truncation_penalty=0.0, consistency_bonus=0.3))
