@@ -71,6 +71,7 @@ class Recipe:  # the algorithm's flags: --name value (None: the preset's or the 
     worked_examples: Optional[int] = flag(None, "how many solved instances of the family (EXAMPLES) come first")
     truncation_penalty: Optional[float] = flag(None, "shaping off a truncated completion (gdpo: sign only)")
     consistency_bonus: Optional[float] = flag(None, "shaping: + box = stated a + b, - right box without a, b")
+    truncation_weight: float = flag(1.0, "gdpo: the truncation column's w_k in the sum of z-scores (a credit's: 1)")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
     entropy_coef: float = flag(0.0, "entropy bonus coefficient (with --entropy_target: its start)")
     entropy_target: Optional[float] = flag(None, "adaptive bonus: the token entropy its coefficient steers to (0: off)")
@@ -267,8 +268,8 @@ def zscore(R):  # (R - mean) / std per group; a tied group gets exactly 0 (its f
     std = R.std(1, keepdim=True)                                                        # [P, 1]
     return torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True)) / std.clamp(min=1e-6))  # [P, G]
 
-def gdpo(C):  # GDPO (Liu et al. 2026), every part's weight 1: each part z-scored in its group, summed, / std over batch
-    A = zscore(C if C.dim() == 3 else C[..., None]).sum(-1)                             # [P, G] C: [P, G, K]
+def gdpo(C, w=1.0):  # GDPO (Liu et al. 2026): each part z-scored in its group, times its weight w_k, summed, / std
+    A = (zscore(C if C.dim() == 3 else C[..., None]) * w).sum(-1)                       # [P, G] C: [P, G, K], w: [K]
     std = A.std() if A.numel() > 1 else A.new_zeros(())
     return torch.where(std < 1e-6, 0.0, A / std.clamp(min=1e-6))                        # [P, G]
 
@@ -278,7 +279,7 @@ ADVANTAGES = {  # task-reward advantage within each group; R: [P, G]
     "rloo": lambda R: (R - R.mean(1, keepdim=True)) * R.shape[1] / (R.shape[1] - 1),   # R_i - mean_{j!=i} R_j
     "none": lambda R: R,                                                               # plain REINFORCE
     "gae": lambda R: R - R.mean(1, keepdim=True),  # ppo: token advantages come from gae() below; this is only logged
-    "gdpo": gdpo,                                     # each part of the reward on its own scale (C: [P, G, K])
+    "gdpo": gdpo,                             # each part of the reward on its own scale (C: [P, G, K], w: [K])
 }
 
 def sequence_kl(lp, ref_lp, mask, estimator):
@@ -290,7 +291,12 @@ def sequence_kl(lp, ref_lp, mask, estimator):
 def advantages(R, kl_seq, cfg, C=None):
     """A_i = ADV(R)_i - beta * (KL_i - mean_{j!=i} KL_j).   R, kl_seq: [P, G] -> [P, G]; gdpo reads C: [P, G, K]
     The KL part (K1 in the reward) is added after normalising R and never divided by std(R): beta keeps its meaning."""
-    A = ADVANTAGES[cfg.advantage](C if cfg.advantage == "gdpo" and C is not None else R)  # [P, G]
+    if cfg.advantage == "gdpo" and C is not None:  # C's columns: the task's, truncation (-2), consistency (-1)
+        w = torch.ones(C.shape[-1], device=C.device)                                    # [K] w_k: 1 a part,
+        w[-2] = cfg.truncation_weight                                                   # but truncation's
+        A = ADVANTAGES["gdpo"](C, w)                                                    # [P, G]
+    else:
+        A = ADVANTAGES[cfg.advantage](R)                                                # [P, G]
     if cfg.kl_placement == "reward":
         G = kl_seq.shape[1]
         A = A - cfg.beta * (kl_seq - kl_seq.mean(1, keepdim=True)) * G / (G - 1)        # leave-one-out baseline
@@ -664,8 +670,8 @@ RULES = [  # (flags, allowed?, what is allowed)
      lambda v: v >= 1, "must be a positive integer"),
     ("learning_rate temperature clip_eps clip_eps_high vf_clip", lambda v: 0 < v < math.inf,
      "must be a finite number > 0"),
-    ("beta truncation_penalty consistency_bonus max_grad_norm entropy_coef entropy_target entropy_step "
-     "entropy_coef_max vf_coef save_every ref_update_every time_limit", lambda v: 0 <= v < math.inf,
+    ("beta truncation_penalty truncation_weight consistency_bonus max_grad_norm entropy_coef entropy_target "
+     "entropy_step entropy_coef_max vf_coef save_every ref_update_every time_limit", lambda v: 0 <= v < math.inf,
      "must be a finite number >= 0"),
     ("seed", lambda v: 0 <= v < 2 ** 32, "must be an integer in [0, 2**32)"),
     ("worked_examples", lambda v: 0 <= v <= len(EXAMPLES), f"must be an integer in [0, {len(EXAMPLES)}] (EXAMPLES)"),

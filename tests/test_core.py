@@ -331,3 +331,30 @@ def test_under_gdpo_a_shaping_term_counts_by_its_sign_not_its_size():
     torch.testing.assert_close(A("gdpo", **small), A("gdpo", **big))
     assert not torch.allclose(A("zscore", **small), A("zscore", **big))
     assert not torch.allclose(A("gdpo", **small), A("gdpo", truncation_penalty=0.0, consistency_bonus=0.3))
+
+
+def test_gdpo_weights_the_truncation_column_by_truncation_weight():
+    """GDPO's w_k: A = sum_k w_k z_k / std, each credit's and the consistency column's w = 1, the truncation column's
+    --truncation_weight. Exact against a hand computation; 1 (the default) is today's unweighted GDPO, 0 is no penalty,
+    and in between the penalty is weaker: a truncated sample's advantage lies between the two."""
+    texts = ["So a = -3, b = 3, a + b = 0, \\boxed{0}", "a = 0, b = 3, so \\boxed{0}", "a = -3, b = -3: \\boxed{-6}",
+             "2 - 5 = -3", "nothing", "At x = 2: 2a + 3 = -3 so a = -3", "b = 3", "nothing at all"]
+    truncated = torch.tensor([False, False, True, True, False, True, False, False])
+    R, kl = torch.tensor([tg.toy_reward(t) for t in texts]), torch.zeros(1, 8)
+
+    def A(**kw):
+        cfg = _cfg(advantage="gdpo", truncation_penalty=0.1, consistency_bonus=0.3, **kw)
+        C = tg.reward_columns(texts, R, truncated, cfg, toy=True)[None]                 # [1, 8, K + 2]
+        return tg.advantages(C.sum(-1), kl, cfg, C), C
+    A1, C = A()
+    A0, A3 = A(truncation_weight=0.0)[0], A(truncation_weight=0.3)[0]
+    z = tg.zscore(C.permute(0, 2, 1).flatten(0, 1)).view(C.shape[2], 8).T              # [8, K + 2] by hand
+    w = torch.ones(C.shape[-1])
+    w[-2] = 0.3
+    by_hand = (z * w).sum(-1)
+    torch.testing.assert_close(A3[0], by_hand / by_hand.std())
+    torch.testing.assert_close(A1, tg.gdpo(C))                                          # default: unweighted
+    C0 = torch.cat([C[..., :-2], C[..., -1:]], -1)                                      # the column dropped
+    torch.testing.assert_close(A0, tg.gdpo(C0))
+    cut = truncated.nonzero().flatten()
+    assert (A1[0, cut] < A3[0, cut]).all() and (A3[0, cut] < A0[0, cut]).all()

@@ -201,7 +201,7 @@ def learn(tiny_model, tmp_path, steps=40, monkeypatch=None):
                                run_name="learn", seed=1), cuda=False)
     tg.validate(cfg)
     if monkeypatch is not None:  # flip the sign of the advantage this run uses (the preset's: gdpo, zscore, ...)
-        monkeypatch.setitem(tg.ADVANTAGES, cfg.advantage, lambda R, fn=tg.ADVANTAGES[cfg.advantage]: -fn(R))
+        monkeypatch.setitem(tg.ADVANTAGES, cfg.advantage, lambda *a, fn=tg.ADVANTAGES[cfg.advantage]: -fn(*a))
     tg.train(cfg, reward_fn=target_reward, messages=[{"role": "user", "content": "say a"}])
     return [json.loads(ln)["reward/mean"] for ln in open(tmp_path / "learn.jsonl")]
 
