@@ -502,7 +502,7 @@ def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
 # ============================================================================ 9. Setup and input checks
 @dataclass
 class Config(Recipe):  # every flag of the script: the Recipe's (§1), then the plumbing's
-    dtype: str = flag("auto", "auto | fp32 | bf16: the trained weights (auto: fp32, with bf16 autocast on GPU)")
+    dtype: str = flag("auto", "auto | fp32 | amp | bf16: fp32 weights (amp: with bf16 autocast; auto: amp on GPU)")
     time_limit: float = flag(0.0, "stop early once the steps took this many minutes in all (0: no limit)")
     gradient_checkpointing: bool = flag(False, "trade compute for activation memory")
     sampler: str = flag("auto", "auto (GPU: compiled, CPU: fast) | plain (§4's loop) | fast | hf | compiled (§10)")
@@ -586,7 +586,8 @@ def setup(cfg):
     cuda, deepspeed = torch.cuda.is_available(), os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
     launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")             # accelerate launch --mixed_precision
     gloo = [] if cuda or int(os.environ.get("WORLD_SIZE", 1)) == 1 else [InitProcessGroupKwargs(backend="gloo")]
-    precision = launcher if launcher != "no" else "bf16" if cuda and cfg.dtype == "auto" else "no"
+    amp = cfg.dtype == "amp" or cuda and cfg.dtype == "auto"                  # fp32 weights, bf16 autocast
+    precision = launcher if launcher != "no" else "bf16" if amp else "no"
     acc = Accelerator(cpu=not cuda and not deepspeed, project_dir=cfg.output_dir, mixed_precision=precision,
                       log_with=None if cfg.report_to == "none" else cfg.report_to,
                       kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True), *gloo])
@@ -686,7 +687,7 @@ def validate(cfg: Config):
             raise ConfigError(f"--{name}={getattr(cfg, name)!r} is invalid: {allowed}")
     choices = dict(preset=sorted(PRESETS), objective=sorted(OBJECTIVES), kl_estimator=sorted(KL_ESTIMATORS),
                    advantage=sorted(ADVANTAGES), kl_placement=["reward", "loss", "none"], sampler=["auto", "plain",
-                   *SAMPLERS], dtype=["auto", "fp32", "bf16"], report_to=["none", "tensorboard", "wandb"])
+                   *SAMPLERS], dtype=["auto", "fp32", "amp", "bf16"], report_to=["none", "tensorboard", "wandb"])
     for name, allowed in choices.items():
         need(getattr(cfg, name) in allowed, name, "choose one of " + ", ".join(allowed))
     for names, ok, allowed in RULES:
@@ -829,6 +830,7 @@ def fast_sample(model, prompt_ids, n, cfg, eos, pad_id):
     """--sampler fast (auto on CPU): sample()'s contract, faster. The prompt runs once and its KV cache is copied into n
     rows with room for every new token (InPlaceKV); a decode step runs only the unfinished rows, and its attention
     reads the prompt's keys and values once for all of them (prefix_attention)."""
+    model = sampling_twin(model, prompt_ids.device.type)                               # autocast: its bf16 copy
     out = model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)                # [1, 1, V]
     if any(type(layer) is not DynamicLayer for layer in getattr(kv_cache(out), "layers", [0])):
         return generate(model, prompt_ids, n, cfg, eos, pad_id, "hf")                   # e.g. sliding windows
@@ -964,21 +966,21 @@ def generate(model, prompt_ids, n, cfg, eos, pad_id, kind="hf"):
     with torch.inference_mode():
         return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)  # [N, P+T]
 
-TWINS = {}  # id(policy) -> (the policy, its copy in the autocast dtype), for --sampler compiled
+TWINS = {}  # id(policy) -> (the policy, its copy in the autocast dtype), for --sampler compiled and fast
 
 @torch.no_grad()
 def sampling_twin(model, device):
-    """fp32 weights under bf16 autocast (one GPU): the static cache needs one dtype, but autocast yields fp32 keys and
-    bf16 values. So --sampler compiled samples from a bf16 copy, refreshed in place before every call (the graph keeps
-    its addresses): 2 bytes read per weight per token instead of a 4-byte cast. It rounds like the autocast forward,
-    but its residual stream is bf16, not fp32 (README: Known limitations)."""
+    """fp32 weights under bf16 autocast (one GPU, --dtype amp): the static cache needs one dtype, but autocast yields
+    fp32 keys and bf16 values. So --sampler compiled and fast sample from a bf16 copy, refreshed in place before every
+    call (the graph keeps its addresses): 2 bytes read per weight per token instead of a 4-byte cast. It rounds like
+    the autocast forward, but its residual stream is bf16, not fp32 (README: Known limitations)."""
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
     if dtype is None or next(model.parameters()).dtype == dtype:
         return model                                                    # DeepSpeed bf16, CPU fp32: the policy itself
     from transformers import AutoModelForCausalLM
     owner, twin = TWINS.get(id(model), (lambda: None, None))
     if owner() is not model:                                            # first call (or a new policy at this id)
-        with torch.device(next(model.parameters()).device):
+        with torch.device(next(model.parameters()).device), torch.inference_mode(False):  # fast_sample's is on
             twin = AutoModelForCausalLM.from_config(model.config, dtype=dtype).eval().requires_grad_(False)
         TWINS[id(model)] = (weakref.ref(model), twin)
     weights = dict(model.named_parameters())

@@ -88,6 +88,14 @@ def test_bf16_mixed_precision_keeps_kl_zero_at_step_0(tmp_path, tiny_qwen, deeps
     assert f"weights: {weights} |" in p.stdout
 
 
+def test_dtype_amp_is_bf16_autocast_with_fp32_weights_on_cpu(tmp_path, tiny_qwen):
+    """--dtype amp: what the launcher's --mixed_precision bf16 does, from plain python (fp32 weights, bf16 autocast,
+    the fast sampler drawing from the policy's bf16 twin); KL still 0 at step 0."""
+    p, rows = run_script(tmp_path, "--model", tiny_qwen, "--dtype", "amp")
+    check_run(tmp_path, p, rows)
+    assert "mixed precision: bf16" in p.stdout and "weights: torch.float32 |" in p.stdout
+
+
 def test_deepspeed_skipped_steps_count_as_skipped(tmp_path, tiny_model):
     """A finite loss whose gradient norm overflows: DeepSpeed skips the step (norm inf); the run counts it as a bad
     update and stops after --max_bad_updates of them, as without DeepSpeed."""

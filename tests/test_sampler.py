@@ -96,8 +96,8 @@ def test_eos_padding_width_masks_and_truncation(tiny_model, sampler):
             assert all(y == pad for y in row[stop + 1:])
 
 
-@pytest.mark.parametrize("sampler,autocast", [("fast", False), ("fast_fp32", False), ("compiled", False),
-                                              ("compiled", True)])
+@pytest.mark.parametrize("sampler,autocast", [("fast", False), ("fast_fp32", False), ("fast", True),
+                                              ("compiled", False), ("compiled", True)])
 def test_the_sampler_sees_updated_weights(tiny_model, sampler, autocast):
     """Nothing stale is kept between calls (compiled: the graph reads the weights in place; under autocast its bf16
     twin is refreshed; fast_fp32: the fast sampler in the CPU default's dtype): an in-place update
