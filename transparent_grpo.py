@@ -12,7 +12,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step 
  2. It is added after the task reward's group normalisation, never divided by std (else tied rewards make the advantage
     -(KL_i - mean)/std(KL) and beta loses its meaning), with the mean of the *other* samples as its baseline (unbiased).
  3. Plain temperature sampling, log-probs at logits/T: pi_old is the distribution the tokens came from (exactly, but
-    for one GPU's compiled sampler, which reads a bf16 copy of fp32 weights: README).
+    under bf16 autocast (one GPU, --dtype amp), where the sampler reads a bf16 copy of the fp32 weights: README).
  4. Completion masks come from the first EOS, which is kept and trained on (pad == EOS is common).
  5. With mu = 1 and one minibatch pi_old = pi_theta: one forward gives the old log-probs (detached) and the update's
     graph (the ratio is 1, no clip acts). 6. A tied group gets zero task advantage (no 0/0); their share is logged.

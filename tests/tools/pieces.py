@@ -18,6 +18,8 @@ VARIANTS = {  # name: (what it switches off, code run before train(), extra flag
     "no_lean_mlp": ("lean_mlps: the stock MLP's saved activations", "tg.lean_mlps = lambda model: None", []),
     "no_prefix_attention": ("prefix_attention: SDPA reads the prompt's K, V in every row while sampling",
                             "tg.prefix_attention_on = lambda model, P: contextlib.nullcontext({})", []),
+    "amp": ("fp32 matmuls: --dtype amp instead (bf16 autocast; the bf16 twin samples), a change of numbers", "",
+            ["--dtype", "amp"]),
 }
 RUN = """
 import contextlib, sys
