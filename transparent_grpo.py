@@ -502,7 +502,7 @@ def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
 # ============================================================================ 9. Setup and input checks
 @dataclass
 class Config(Recipe):  # every flag of the script: the Recipe's (§1), then the plumbing's
-    dtype: str = flag("auto", "auto | fp32 | amp | bf16: fp32 weights (amp: with bf16 autocast; auto: amp on GPU)")
+    dtype: str = flag("auto", "auto (GPU: amp, CPU: fp32) | fp32 | amp (fp32 under bf16 autocast) | bf16 weights")
     time_limit: float = flag(0.0, "stop early once the steps took this many minutes in all (0: no limit)")
     gradient_checkpointing: bool = flag(False, "trade compute for activation memory")
     sampler: str = flag("auto", "auto (GPU: compiled, CPU: fast) | plain (§4's loop) | fast | hf | compiled (§10)")
