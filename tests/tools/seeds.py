@@ -208,6 +208,8 @@ def main(argv=None):
     ap.add_argument("--log_dir", default=os.path.join(ROOT, "logs"))
     ap.add_argument("--port", type=int, default=29600, help="--zero2: run k uses port + k")
     ap.add_argument("--threshold", type=float, default=0.8)
+    ap.add_argument("--script", default=os.path.join(ROOT, "transparent_grpo.py"),
+                    help="the trainer to run (e.g. a tool that changes one piece, then calls transparent_grpo.main)")
     ap.add_argument("--stop_passed", action="store_true", help="stop a run once it passes; the next seed starts")
     ap.add_argument("--table", nargs="+", metavar="JSONL", help="only print the table of these logs")
     ap.add_argument("--plot", nargs="+", metavar=("PNG", "JSONL"), help="draw these logs on one figure")
@@ -227,7 +229,7 @@ def main(argv=None):
     if not args.table:
         os.makedirs(args.log_dir, exist_ok=True)
         paths = run(seeds_of(args.seeds), args.name, flags, max(1, args.parallel), args.log_dir, args.zero2, args.port,
-                    args.threshold if args.stop_passed else None)
+                    args.threshold if args.stop_passed else None, os.path.abspath(args.script))
     paths = [p for p in step_logs(args.table or paths) if os.path.exists(p) and os.path.getsize(p)]
     text, results = table(paths, args.threshold)
     print(text)
