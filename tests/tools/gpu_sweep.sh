@@ -14,12 +14,14 @@
 #     MINUTES=8 MODES=1gpu bash tests/tools/gpu_sweep.sh          # an H100: one mode a call (MODES=zero2 next)
 #     SEEDS=100-107 NAME=nocons EXTRA="--consistency_bonus 0" bash tests/tools/gpu_sweep.sh
 #     SEEDS=100-103 MODES=1gpu NAME=zs EXTRA="--advantage zscore" bash tests/tools/gpu_sweep.sh &
+#     SEEDS=0-15 MODES=1gpu NAME=ab SCRIPT=tests/tools/letters_ab.py bash tests/tools/gpu_sweep.sh  # a tool as trainer
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 M=${M:-/tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf}; L=${L:-/tmp/runs}; N=${NAME:-gpu-defaults}; mkdir -p "$L"
 SEEDS=${SEEDS:-0-7}; P=$(python3 -c "import sys; sys.path.insert(0, 'tests/tools'); import seeds; \
 print(len(seeds.seeds_of('$SEEDS')))")
 S="python3 tests/tools/seeds.py --seeds $SEEDS --parallel $P --log_dir $L ${STOP:+--stop_passed}"
+S="$S ${SCRIPT:+--script $SCRIPT}"
 F="--model $M --output_dir /tmp/o --log_samples ${MINUTES:+--time_limit $MINUTES} ${EXTRA:-}"
 (while sleep 120; do nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader; \
   tail -qn1 "$L"/$N-*seed*.log 2>/dev/null | cut -c1-100; done) & WATCH=$!
