@@ -145,3 +145,20 @@ def test_worked_examples_are_other_instances_solved_and_never_the_task():
         assert [m["role"] for m in chat] == ["system", *["user", "assistant"] * n, "user"]
         assert chat[-1]["content"] == tg.PROBLEM and [m["content"] for m in chat[1:-1]] == [
             x for shot in tg.EXAMPLES[:n] for x in shot]
+
+
+def test_letters_ab_candidate_is_the_same_instances_in_the_tasks_letters():
+    """tests/tools/letters_ab.py (a candidate, issue 46): the worked examples with c -> a and d -> b, every word as it
+    was ("continuous", "middle", "\\text"), the same values, still solved, still not the task."""
+    import os, sys
+    import transparent_grpo as tg
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
+    import letters_ab
+    assert len(letters_ab.EXAMPLES_AB) == len(tg.EXAMPLES)
+    for (q0, s0), (q, s) in zip(tg.EXAMPLES, letters_ab.EXAMPLES_AB):
+        words = lambda t: re.findall(r"\\?[A-Za-z]{3,}", t)
+        assert words(q + s) == words(q0 + s0) and "Find $a+b$" in q and "ax+" in q and "x-b" in q
+        assert not re.search(r"(?<![A-Za-z])[cd](?![A-Za-z])", q + s)                 # no c, no d left
+        a, b = tg.stated_value("a", s), tg.stated_value("b", s)
+        assert (a, b) == (tg.stated_value("c", s0), tg.stated_value("d", s0)) and None not in (a, b)
+        assert tg.final_boxed(s) == a + b and (a, b, a + b) != (-3, 3, 0) and tg.toy_reward(s) == 0.0
