@@ -25,13 +25,13 @@ EXAMPLES_AB = [(in_letters_ab(q), in_letters_ab(a)) for q, a in tg.EXAMPLES]
 
 def step0(groups):
     """Groups of 16 step-0 samples (T 0.8, 192 tokens, the trainer's sampler; the same seeds) after each pair of
-    examples: the mean reward, each credit's share, how many run out of tokens, write c or d, copy an example's
-    values."""
+    examples: the mean reward, each credit's share, how many run out of tokens, write c or d, and copy an example's
+    values (a rough pattern: a or b stated as one of -8, 6, -5, 7, or either example's sum line)."""
     torch.set_num_threads(os.cpu_count() or 1)
     tok, model = tg.load_model("bundled:", torch.float32)
     model.eval()
     eos = tg.eos_ids(tok, model)
-    cfg = SimpleNamespace(temperature=0.8, max_new_tokens=192, sampler="fast", dtype="fp32")
+    cfg = SimpleNamespace(temperature=0.8, max_new_tokens=192, sampler="fast")  # what sample() reads
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
     for name, examples in (("cd (the defaults)", list(tg.EXAMPLES)), ("ab", EXAMPLES_AB)):
         tg.EXAMPLES[:] = examples
