@@ -36,7 +36,7 @@ PRESETS = {  # one recipe per model; the model picks it (preset_for, §9), --pre
                        temperature=1.0, learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3,
                        worked_examples=0, truncation_penalty=0.0, consistency_bonus=0.0, entropy_target=0.0),
     "smollm2-135m": dict(model="bundled:SmolLM2-135M-Instruct", group_size=16, prompts_per_step=1, max_new_tokens=192,
-                         temperature=0.8, learning_rate=2e-5, num_steps=60, beta=0.02, inner_epochs=1,
+                         temperature=0.8, learning_rate=2e-5, num_steps=28, beta=0.02, inner_epochs=1,
                          worked_examples=2, truncation_penalty=0.1, consistency_bonus=0.3, advantage="gdpo",
                          entropy_target=0.2),
 }
@@ -94,16 +94,16 @@ def piecewise(rows, ask):  # the statement of one instance of the family
 PROBLEM = piecewise(["ax+3, &\\text{ if }x>2,", "x-5 &\\text{ if } -2 \\le x \\le 2,",
                      "2x-b &\\text{ if } x <-2."], "a+b")
 EXAMPLES = [  # (statement, solution): solved instances with other numbers; --worked_examples N shows the first N
-    (piecewise(["cx+2, &\\text{ if }x>1,", "x-7 &\\text{ if } -1 \\le x \\le 1,", "2x-d &\\text{ if } x <-1."], "c+d"),
-     "The function must be continuous at x = 1 and x = -1.\nAt x = 1: the right piece is 1c + 2 and the middle piece "
-     "is 1 - 7 = -6. So 1c + 2 = -6, 1c = -8, c = -8.\nAt x = -1: the left piece is 2(-1) - d = -2 - d and the middle "
-     "piece is -1 - 7 = -8. So -2 - d = -8, -d = -6, d = 6.\nSo c + d = -8 + 6 = -2, and the answer is \\boxed{-2}."),
-    (piecewise(["cx+5, &\\text{ if }x>3,", "x-13 &\\text{ if } -3 \\le x \\le 3,", "3x-d &\\text{ if } x <-3."], "c+d"),
-     "The function must be continuous at x = 3 and x = -3.\nAt x = 3: the right piece is 3c + 5 and the middle piece "
-     "is 3 - 13 = -10. So 3c + 5 = -10, 3c = -15, c = -5.\nAt x = -3: the left piece is 3(-3) - d = -9 - d and the "
-     "middle piece is -3 - 13 = -16. So -9 - d = -16, -d = -7, d = 7.\nSo c + d = -5 + 7 = 2, and the answer is "
+    (piecewise(["ax+2, &\\text{ if }x>1,", "x-7 &\\text{ if } -1 \\le x \\le 1,", "2x-b &\\text{ if } x <-1."], "a+b"),
+     "The function must be continuous at x = 1 and x = -1.\nAt x = 1: the right piece is 1a + 2 and the middle piece "
+     "is 1 - 7 = -6. So 1a + 2 = -6, 1a = -8, a = -8.\nAt x = -1: the left piece is 2(-1) - b = -2 - b and the middle "
+     "piece is -1 - 7 = -8. So -2 - b = -8, -b = -6, b = 6.\nSo a + b = -8 + 6 = -2, and the answer is \\boxed{-2}."),
+    (piecewise(["ax+5, &\\text{ if }x>3,", "x-13 &\\text{ if } -3 \\le x \\le 3,", "3x-b &\\text{ if } x <-3."], "a+b"),
+     "The function must be continuous at x = 3 and x = -3.\nAt x = 3: the right piece is 3a + 5 and the middle piece "
+     "is 3 - 13 = -10. So 3a + 5 = -10, 3a = -15, a = -5.\nAt x = -3: the left piece is 3(-3) - b = -9 - b and the "
+     "middle piece is -3 - 13 = -16. So -9 - b = -16, -b = -7, b = 7.\nSo a + b = -5 + 7 = 2, and the answer is "
      "\\boxed{2}."),
-]
+]  # in the task's own letters: written with c and d, 44 % of the untrained model's samples went on with `c + d = ...`
 ANSWER = {"a": -3.0, "b": 3.0, "a+b": 0.0}  # continuity at x=2: 2a+3 = -3; at x=-2: -4-b = -7
 
 # A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a", "2b - b") or on

@@ -130,35 +130,21 @@ def test_consistency_shaping_pays_a_box_that_sums_a_and_b_and_charges_a_guessed_
 
 # ------------------------------------------------------------------ the worked examples (--worked_examples)
 def test_worked_examples_are_other_instances_solved_and_never_the_task():
-    """Each solved instance is another member of the family with other numbers, its solution solves it (checked by
-    substituting its c and d), none shows the task's steps or answers, and --worked_examples N shows the first N."""
+    """Each solved instance is another member of the family with other numbers, in the task's letters a and b (under c
+    and d the untrained model went on writing c and d: issue 46); its solution solves it (checked by substituting its
+    a and b), none shows the task's steps or answers, and --worked_examples N shows the first N."""
     import transparent_grpo as tg
     for statement, solution in tg.EXAMPLES:
-        k, p, m, q = (int(v) for v in re.search(r"cx\+(\d+).*?x>(\d+).*?x-(\d+).*?(\d+)x-d", statement).group(2, 1, 3, 4))
-        c, d = tg.stated_value("c", solution), tg.stated_value("d", solution)
-        assert c * k + p == k - m and q * -k - d == -k - m                          # continuous at k and at -k
-        assert tg.final_boxed(solution) == c + d and statement != tg.PROBLEM
+        pieces = re.search(r"ax\+(\d+).*?x>(\d+).*?x-(\d+).*?(\d+)x-b", statement)
+        k, p, m, q = (int(v) for v in pieces.group(2, 1, 3, 4))
+        a, b = tg.stated_value("a", solution), tg.stated_value("b", solution)
+        assert a * k + p == k - m and q * -k - b == -k - m                          # continuous at k and at -k
+        assert tg.final_boxed(solution) == a + b and statement != tg.PROBLEM and "Find $a+b$" in statement
         assert tg.toy_reward(solution) == 0.0                                        # no credit of the task in it
-        assert (c, d, c + d) != (-3, 3, 0) and "a" not in re.sub(r"[a-z]{2,}", "", solution)  # no a, no b: c and d
+        assert (a, b, a + b) != (-3, 3, 0) and (k, p, m) != (2, 3, 5)                # not the task's numbers
+        assert not re.search(r"(?<![A-Za-z\\])[cd](?![A-Za-z])", statement + solution)  # no other letters
     for n in range(len(tg.EXAMPLES) + 1):
         chat = tg.toy_messages(n)
         assert [m["role"] for m in chat] == ["system", *["user", "assistant"] * n, "user"]
         assert chat[-1]["content"] == tg.PROBLEM and [m["content"] for m in chat[1:-1]] == [
             x for shot in tg.EXAMPLES[:n] for x in shot]
-
-
-def test_letters_ab_candidate_is_the_same_instances_in_the_tasks_letters():
-    """tests/tools/letters_ab.py (a candidate, issue 46): the worked examples with c -> a and d -> b, every word as it
-    was ("continuous", "middle", "\\text"), the same values, still solved, still not the task."""
-    import os, sys
-    import transparent_grpo as tg
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
-    import letters_ab
-    assert len(letters_ab.EXAMPLES_AB) == len(tg.EXAMPLES)
-    for (q0, s0), (q, s) in zip(tg.EXAMPLES, letters_ab.EXAMPLES_AB):
-        words = lambda t: re.findall(r"\\?[A-Za-z]{3,}", t)
-        assert words(q + s) == words(q0 + s0) and "Find $a+b$" in q and "ax+" in q and "x-b" in q
-        assert not re.search(r"(?<![A-Za-z])[cd](?![A-Za-z])", q + s)                 # no c, no d left
-        a, b = tg.stated_value("a", s), tg.stated_value("b", s)
-        assert (a, b) == (tg.stated_value("c", s0), tg.stated_value("d", s0)) and None not in (a, b)
-        assert tg.final_boxed(s) == a + b and (a, b, a + b) != (-3, 3, 0) and tg.toy_reward(s) == 0.0
