@@ -103,7 +103,7 @@ EXAMPLES = [  # (statement, solution): solved instances with other numbers; --wo
      "is 3 - 13 = -10. So 3a + 5 = -10, 3a = -15, a = -5.\nAt x = -3: the left piece is 3(-3) - b = -9 - b and the "
      "middle piece is -3 - 13 = -16. So -9 - b = -16, -b = -7, b = 7.\nSo a + b = -5 + 7 = 2, and the answer is "
      "\\boxed{2}."),
-]  # in the task's own letters: written with c and d, 44 % of the untrained model's samples went on with `c + d = ...`
+]  # in the task's own letters: with c and d, 44 % of the untrained model's samples went on writing c or d (README)
 ANSWER = {"a": -3.0, "b": 3.0, "a+b": 0.0}  # continuity at x=2: 2a+3 = -3; at x=-2: -4-b = -7
 
 # A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a", "2b - b") or on
