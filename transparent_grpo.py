@@ -19,11 +19,11 @@ How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step 
  7. The small model's recipe (README: What to expect) adds GDPO advantages (each part of the reward normalised on its
     own), an entropy bonus steered to a target entropy (Skywork-OR1) and two shaping terms of the toy reward.
 """
-import contextlib, copy, functools, gzip, importlib.util, inspect, json, math, os, re, resource, shutil, sys, time
-import weakref
+import contextlib, copy, functools, gzip, hashlib, importlib.util, inspect, json, math, os, random, re, resource, shutil
+import sys, time, weakref
 from dataclasses import asdict, dataclass, field, replace
 from shlex import quote as shlex_quote
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +53,8 @@ class Recipe:  # the algorithm's flags: --name value (None: the preset's or the 
     # the plumbing's (dtype, sampler, seed, logs, checkpoints)
     model: str = flag("auto", "auto (GPU: Qwen2.5-3B-Instruct, CPU: bundled SmolLM2-135M), a hub id, folder or .gguf")
     preset: Optional[str] = flag(None, "a key of PRESETS (default: the model's own recipe, else the device's)")
+    task: str = flag("problem", "problem (the toy problem, every group) | family (a fresh instance of its family a "
+                     "group) | a .jsonl file of {\"prompt\", \"answer\"} rows (README: Your own task)")
     objective: str = flag("grpo", "policy loss, a key of OBJECTIVES (§7)")
     kl_estimator: str = flag("k1", "per-token KL estimator, a key of KL_ESTIMATORS (§6)")
     kl_placement: Optional[str] = flag(None, "reward | loss | none: where beta*KL goes (default reward)")
@@ -83,35 +85,71 @@ class Recipe:  # the algorithm's flags: --name value (None: the preset's or the 
     vf_coef: float = flag(0.1, "ppo: value loss coefficient")
     vf_clip: float = flag(0.2, "ppo: value clip range")
 
-# ============================================================================ 2. Toy environment and reward
+# ============================================================================ 2. Tasks: the toy family and its reward
 SYSTEM_PROMPT = ("You are a helpful assistant. Solve the math problem step by step, "
                  "then give the final answer as \\boxed{answer}.")
-def piecewise(rows, ask):  # the statement of one instance of the family
-    return ("Let \\[f(x) = \\left\\{\\begin{array}{cl} " + " \\\\ ".join(rows) + " \\end{array}\\right.\\]Find $" + ask
-            + "$ if the piecewise function is continuous (which means that its graph can be drawn without lifting your "
-            "pencil from the paper).")
 
-PROBLEM = piecewise(["ax+3, &\\text{ if }x>2,", "x-5 &\\text{ if } -2 \\le x \\le 2,",
-                     "2x-b &\\text{ if } x <-2."], "a+b")
-EXAMPLES = [  # (statement, solution): solved instances with other numbers; --worked_examples N shows the first N
-    (piecewise(["ax+2, &\\text{ if }x>1,", "x-7 &\\text{ if } -1 \\le x \\le 1,", "2x-b &\\text{ if } x <-1."], "a+b"),
-     "The function must be continuous at x = 1 and x = -1.\nAt x = 1: the right piece is 1a + 2 and the middle piece "
-     "is 1 - 7 = -6. So 1a + 2 = -6, 1a = -8, a = -8.\nAt x = -1: the left piece is 2(-1) - b = -2 - b and the middle "
-     "piece is -1 - 7 = -8. So -2 - b = -8, -b = -6, b = 6.\nSo a + b = -8 + 6 = -2, and the answer is \\boxed{-2}."),
-    (piecewise(["ax+5, &\\text{ if }x>3,", "x-13 &\\text{ if } -3 \\le x \\le 3,", "3x-b &\\text{ if } x <-3."], "a+b"),
-     "The function must be continuous at x = 3 and x = -3.\nAt x = 3: the right piece is 3a + 5 and the middle piece "
-     "is 3 - 13 = -10. So 3a + 5 = -10, 3a = -15, a = -5.\nAt x = -3: the left piece is 3(-3) - b = -9 - b and the "
-     "middle piece is -3 - 13 = -16. So -9 - b = -16, -b = -7, b = 7.\nSo a + b = -5 + 7 = 2, and the answer is "
-     "\\boxed{2}."),
-]  # in the task's own letters: with c and d, 44 % of the untrained model's samples went on writing c or d (README)
-ANSWER = {"a": -3.0, "b": 3.0, "a+b": 0.0}  # continuity at x=2: 2a+3 = -3; at x=-2: -4-b = -7
+@dataclass(frozen=True)
+class Piecewise:  # f(x) = ax+c if x > k;  x-m if -k <= x <= k;  sx-b if x < -k.  Find a+b if f is continuous.
+    k: int
+    c: int
+    m: int
+    s: int
+
+    @property
+    def a(self):  # continuity at x = k:  k a + c = k - m
+        return (self.k - self.m - self.c) // self.k
+
+    @property
+    def b(self):  # continuity at x = -k:  s (-k) - b = -k - m
+        return self.m - self.k * (self.s - 1)
+
+    @property
+    def answer(self):
+        return self.a + self.b
+
+    @property
+    def statement(self):
+        k = self.k
+        rows = [f"ax+{self.c}, &\\text{{ if }}x>{k},", f"x-{self.m} &\\text{{ if }} -{k} \\le x \\le {k},",
+                f"{self.s}x-b &\\text{{ if }} x <-{k}."]
+        return ("Let \\[f(x) = \\left\\{\\begin{array}{cl} " + " \\\\ ".join(rows) + " \\end{array}\\right.\\]Find $a+b$ "
+                "if the piecewise function is continuous (which means that its graph can be drawn without lifting your "
+                "pencil from the paper).")
+
+    @property
+    def solution(self):  # every step that its credit table pays, in order (the worked examples' text)
+        k, c, m, s, a, b = self.k, self.c, self.m, self.s, self.a, self.b
+        return (f"The function must be continuous at x = {k} and x = -{k}.\nAt x = {k}: the right piece is {k}a + {c} and"
+                f" the middle piece is {k} - {m} = {k - m}. So {k}a + {c} = {k - m}, {k}a = {k - m - c}, a = {a}.\nAt x ="
+                f" -{k}: the left piece is {s}(-{k}) - b = {-s * k} - b and the middle piece is -{k} - {m} = {-k - m}. So "
+                f"{-s * k} - b = {-k - m}, -b = {s * k - k - m}, b = {b}.\nSo a + b = {a} {'+-'[b < 0]} {abs(b)} = {a + b},"
+                f" and the answer is \\boxed{{{a + b}}}.")
+
+TOY = Piecewise(k=2, c=3, m=5, s=2)   # the problem: a = -3 (2a+3 = -3), b = 3 (-4-b = -7), a+b = 0
+PROBLEM = TOY.statement
+SHOWN = [Piecewise(k=1, c=2, m=7, s=2), Piecewise(k=3, c=5, m=13, s=3)]  # the worked examples' instances
+EXAMPLES = [(p.statement, p.solution) for p in SHOWN]  # --worked_examples N shows the first N, in the task's letters
+FAMILY = [Piecewise(k, c, m, s) for k in (1, 2, 3) for s in (2, 3, 4) for m in range(1, 16) for c in range(1, 10)
+          if (k - m - c) % k == 0]                                  # every number varies; a, b, a+b are integers
+
+def split(p):  # by construction, never by a seed: the examples, the problem, then a quarter by a hash of the numbers
+    if p in SHOWN:
+        return "shown"
+    held = hashlib.sha256(f"{p.k},{p.c},{p.m},{p.s}".encode()).digest()[0] < 64  # stable on every machine
+    return "held_out" if held and p != TOY else "train"
+
+HELD_OUT = sorted((p for p in FAMILY if split(p) == "held_out"), key=lambda p: hashlib.sha256(p.statement.encode())
+                  .digest())                                         # in a fixed shuffled order: --eval_size the first N
+TRAIN = [p for p in FAMILY if split(p) == "train"]                 # what --task family draws from
 
 # A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a", "2b - b") or on
 # the right ("= -30", "= -3.5", "= -3x", "= -3 + b", "= -3 (a"): a digit, a variable or an operator makes another one.
 BEFORE = r"(?<![\w.)}^*/+\-\\])(?<![\d)}^*/+\-] )(?<!(?<![A-Za-z])[A-Za-z] )"
 AFTER = r"(?!\.?\d|[A-Za-z_({^])(?! ?(?:[+\-*/^(\d]|\\(?:cdot|times|div)|[A-Za-z](?![A-Za-z])))"
+CONTINUITY = r"(?i:continu|\\lim|limit)"
 
-def expr(alternatives):  # "2a + 3 | a(2) + 3" -> one pattern; spacing is free, each token must match
+def expr(alternatives):  # "2a + 3 | a(2) + 3" -> one pattern; spacing is free
     tokens = lambda e: r"\s*".join(re.escape(t) for t in re.findall(r"\d+|\\[a-z]+|\S", e))
     return "(?:" + "|".join(tokens(e) for e in alternatives.split("|")) + ")"
 
@@ -121,21 +159,32 @@ def term(e):  # the expression, whole
 def eq(left, right):  # "left = right" or "right = left", both sides whole
     return "|".join(BEFORE + expr(x) + r"\s*=\s*" + expr(y) + AFTER for x, y in ((left, right), (right, left)))
 
-RIGHT, LEFT = "2a + 3 | 2 \\cdot a + 3 | a(2) + 3 | a \\cdot 2 + 3", "-4 - b | 2(-2) - b | 2 \\cdot (-2) - b"
-CONTINUITY = r"(?i:continu|\\lim|limit)"
-CREDIT = [  # (weight, name, the step of the solution that earns it: a pattern to find or a test); weights sum to 1
-    (0.05, "x=2", lambda t: bool(re.search(term("x = 2"), t) and re.search(CONTINUITY, t))),   # continuity at 2 ...
-    (0.05, "x=-2", lambda t: bool(re.search(term("x = -2"), t) and re.search(CONTINUITY, t))),  # ... and at -2
-    (0.05, "f(2)", eq("2 - 5 | f(2)", "-3")),                       # the middle piece at x = 2
-    (0.05, "f(-2)", eq("-2 - 5 | f(-2)", "-7")),                    # the middle piece at x = -2
-    (0.05, "right(2)", term(RIGHT)),                                # the right piece at x = 2
-    (0.05, "left(-2)", term(LEFT)),                                 # the left piece at x = -2
-    (0.10, "eq(2)", eq(RIGHT, "-3 | 2 - 5") + "|" + eq("2a", "-6")),   # right = middle at x = 2
-    (0.10, "a", lambda t: stated_value("a", t) == ANSWER["a"]),
-    (0.10, "eq(-2)", eq(LEFT, "-7 | -2 - 5") + "|" + eq("-b", "-3")),  # left = middle at x = -2
-    (0.10, "b", lambda t: stated_value("b", t) == ANSWER["b"]),
-    (0.30, "boxed", lambda t: final_boxed(t) == ANSWER["a+b"]),
-]
+def tidy(text):  # one space, one kind of minus
+    return re.sub(r"[ \t]+", " ", text.replace("\u2212", "-"))
+
+
+@functools.lru_cache(maxsize=None)
+def credit_table(p: Piecewise):
+    """[(weight, name, the step of p's solution that earns it: a pattern to find or a test)]; weights sum to 1.
+    v1, v2: the middle piece at x = k and x = -k. term/eq make a pattern match a statement only whole."""
+    k, c, m, s, v1, v2 = p.k, p.c, p.m, p.s, p.k - p.m, -p.k - p.m
+    right = f"{k}a + {c} | {k} \\cdot a + {c} | a({k}) + {c} | a \\cdot {k} + {c}" + f" | a + {c}" * (k == 1)
+    left = f"{-s * k} - b | {s}(-{k}) - b | {s} \\cdot (-{k}) - b"
+    return [
+        (0.05, "x=k", lambda t: bool(re.search(term(f"x = {k}"), t) and re.search(CONTINUITY, t))),  # continuity at k
+        (0.05, "x=-k", lambda t: bool(re.search(term(f"x = -{k}"), t) and re.search(CONTINUITY, t))),  # ... and at -k
+        (0.05, "f(k)", eq(f"{k} - {m} | f({k})", f"{v1}")),                    # the middle piece at x = k
+        (0.05, "f(-k)", eq(f"-{k} - {m} | f(-{k})", f"{v2}")),                 # the middle piece at x = -k
+        (0.05, "right(k)", term(right)),                                       # the right piece at x = k
+        (0.05, "left(-k)", term(left)),                                        # the left piece at x = -k
+        (0.10, "eq(k)", eq(right, f"{v1} | {k} - {m}") + "|" + eq(f"{k}a", f"{v1 - c}")),  # right = middle at k
+        (0.10, "a", lambda t: stated_value("a", t) == p.a),
+        (0.10, "eq(-k)", eq(left, f"{v2} | -{k} - {m}") + "|" + eq("-b", f"{v2 + s * k}")),  # left = middle at -k
+        (0.10, "b", lambda t: stated_value("b", t) == p.b),
+        (0.30, "boxed", lambda t: final_boxed(t) == p.answer),
+    ]
+
+CREDIT = credit_table(TOY)  # the problem's table (tests/test_reward.py pins every case of it)
 
 def stated_value(var, text):
     """The number that every statement `var = ...` gives (not `2a = `, `a + b = `, `-b = `); None if there is none, if
@@ -151,38 +200,50 @@ def final_boxed(text):  # the one number every \boxed{} holds (`\boxed{3} or \bo
     values = {float(m.group(1)) if m else None for m in found}
     return values.pop() if len(values) == 1 else None
 
-def tidy(text):  # one space, one kind of minus
-    return re.sub(r"[ \t]+", " ", text.replace("\u2212", "-"))
-
-def credits(text: str) -> dict:
-    """{name: earned?} for each step of CREDIT, in the completion cut at its first EOS."""
+def credits(text: str, p: Piecewise = TOY) -> dict:
+    """{step: the weight it earned (0 if not)} for each step of p's credit table, in the completion cut at its EOS."""
     text = tidy(text)
-    return {name: bool(test(text) if callable(test) else re.search(test, text)) for _, name, test in CREDIT}
+    return {name: w * bool(test(text) if callable(test) else re.search(test, text)) for w, name, test in credit_table(p)}
 
-def consistent(text: str) -> int:  # shaping, not credit: +1 a box that is the stated a + b (right or wrong: the sum's
-    t, got = tidy(text), credits(text)  # arithmetic); -1 the right box without the right a and b (a guess)
-    a, b, box = stated_value("a", t), stated_value("b", t), final_boxed(t)
-    return int(None not in (a, b, box) and box == a + b) - int(got["boxed"] and not (got["a"] and got["b"]))
+def toy_reward(text: str, p: Piecewise = TOY) -> float:
+    """Partial credit in [0, 1]: the sum of the weights of the steps stated correctly."""
+    return sum(credits(text, p).values())
 
-def toy_reward(text: str) -> float:
-    """Partial credit in [0, 1]: the sum of the weights of the CREDIT steps stated correctly."""
-    return sum(w for (w, _, _), earned in zip(CREDIT, credits(text).values()) if earned)
+def consistent(text: str, p: Piecewise = TOY) -> int:  # shaping, not credit: +1 a box that is the stated a + b (right
+    t = tidy(text)                                     # or wrong: the sum's arithmetic); -1 the right box without the
+    a, b, box = stated_value("a", t), stated_value("b", t), final_boxed(t)  # right a and b (a guess)
+    return int(None not in (a, b, box) and box == a + b) - int(box == p.answer and not (a == p.a and b == p.b))
 
-def reward_columns(texts, R, truncated, cfg, toy):
-    """[N, K]: the learning reward in parts, summing to R + shaping: each CREDIT's weight where earned (your own reward:
-    R itself), -truncation_penalty where truncated; +consistency_bonus where the box is the stated a + b, - where the
-    right box stands without the right a and b (at 0.3, the box's weight, a guessed box earns nothing in the learning
-    reward, nor does the box of a = b = 0 earn more than any other sum of stated values)."""
-    task = [[w * got for (w, _, _), got in zip(CREDIT, credits(t).values())] for t in texts] if toy else R[:, None]
-    task = torch.as_tensor(task, dtype=torch.float32).cpu()                              # [N, K] or [N, 1]
-    shaping = [[-cfg.truncation_penalty * cut, cfg.consistency_bonus * (toy and consistent(t))]
-               for t, cut in zip(texts, truncated.tolist())]
-    return torch.cat([task, torch.tensor(shaping)], 1).to(R.device)                    # [N, K + 2]
-
-def toy_messages(worked_examples):  # the chat: the system prompt, the solved instances (user, assistant), the task
+def toy_messages(worked_examples, p: Piecewise = TOY):  # the chat: system prompt, solved instances (user, assistant), p
     shots = [{"role": role, "content": text} for shot in EXAMPLES[:worked_examples]
              for role, text in zip(("user", "assistant"), shot)]
-    return [{"role": "system", "content": SYSTEM_PROMPT}, *shots, {"role": "user", "content": PROBLEM}]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, *shots, {"role": "user", "content": p.statement}]
+
+@dataclass
+class Task:  # what a run trains on and is judged by: TASKS builds one, --task picks it (README: Your own task)
+    train: list                  # the instances a step draws from
+    held_out: list               # never drawn: what the evaluation scores
+    messages: Callable           # instance -> its chat
+    score: Callable              # (text, instance) -> {part: reward earned}: the parts sum to R (the toy: credits)
+    correct: Callable            # (text, instance) -> is the final answer right? (the evaluation's accuracy)
+    shaping: Callable = lambda text, instance: 0   # (text, instance) -> the toy's consistency shaping, +1 / 0 / -1
+
+def piecewise_task(cfg, train):
+    return Task(train, HELD_OUT, lambda p: toy_messages(cfg.worked_examples, p), credits,
+                lambda text, p: final_boxed(tidy(text)) == p.answer, consistent)
+
+TASKS = {  # --task: the one problem (every group, every step), or a fresh instance of its family a group; else a file
+    "problem": lambda cfg: piecewise_task(cfg, [TOY]),
+    "family": lambda cfg: piecewise_task(cfg, TRAIN),
+}
+
+def reward_columns(parts, shaping, truncated, cfg):
+    """[N, K + 2]: the learning reward in parts, summing to R + shaping: each part of the task's score (the toy: each
+    step's weight where earned; your own reward: R itself), -truncation_penalty where truncated, +-consistency_bonus
+    where the box is / is not backed by the stated a and b (at 0.3, the box's weight, a guessed box earns nothing)."""
+    shaped = [[*part.values(), -cfg.truncation_penalty * cut, cfg.consistency_bonus * bonus]
+              for part, bonus, cut in zip(parts, shaping, truncated.tolist())]
+    return torch.tensor(shaped, dtype=torch.float32)                                    # [N, K + 2]
 
 # ============================================================================ 3. Models
 # load_model (§9) reads a hub id, a folder, a .gguf file or the bundled SmolLM2; the algorithm needs only its EOS ids.
@@ -219,6 +280,23 @@ def sample(model, prompt_ids, n, cfg, eos, pad_id):
             break
     return seqs
 
+def rollout(model, prompts, G, cfg, eos, pad_id):
+    """G completions of each prompt ([1, P_i] each) as one batch: seqs [N, P+T], each prompt left-padded to the longest
+    (attn [N, P+T]: 0 on those pads; None when every prompt is the same, sampled in one call), completions right-padded."""
+    if all(torch.equal(p, prompts[0]) for p in prompts):
+        return sample(model, prompts[0], len(prompts) * G, cfg, eos, pad_id).clone(), None, prompts[0].shape[1]
+    groups = [sample(model, p, G, cfg, eos, pad_id) for p in prompts]                  # [G, P_i + T_i] each
+    P, T = max(p.shape[1] for p in prompts), max(g.shape[1] - p.shape[1] for g, p in zip(groups, prompts))
+    seqs = torch.cat([F.pad(g, (P - p.shape[1], T + p.shape[1] - g.shape[1]), value=pad_id)
+                      for g, p in zip(groups, prompts)])                               # [N, P+T]
+    left = torch.tensor([P - p.shape[1] for p in prompts], device=seqs.device).repeat_interleave(G)  # [N] pads
+    return seqs, (torch.arange(P + T, device=seqs.device) >= left[:, None]).long(), P  # [N, P+T], [N, P+T], P
+
+def decode(tok, completions, eos):  # [N, T] -> texts cut at the first EOS, with completion_mask's mask and truncated
+    mask, truncated = completion_mask(completions, eos)                                # [N, T], [N]
+    texts = tok.batch_decode([c[:int(n)] for c, n in zip(completions, mask.sum(1))], skip_special_tokens=True)
+    return texts, mask, truncated
+
 # ============================================================================ 5. Log-probs
 def _chunk_logprobs(h, weight, bias, targets, temperature, entropy):
     z = F.linear(h, weight, bias)                                                       # [n, V] one chunk
@@ -243,12 +321,15 @@ def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128, entrop
     spread = lambda x: x.new_zeros(mask.numel()).index_put((rows,), x).view_as(mask)    # [B, T], 0 off the mask
     return spread(lp), spread(ent)
 
-def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, entropy="grad"):
+def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, entropy="grad", attn=None):
     """Log-probs [B, T] of ids[:, n_prompt:] at T (their entropy; ppo's values): one forward, the LM head on completion
-    tokens only. With one prompt for every row, shared_prompt_hidden (§10) runs it once: the same numbers, cheaper."""
-    h = shared_prompt_hidden(model, ids, n_prompt, mask)                                # None: not one shared prompt
+    tokens only. attn: [B, P+T], 0 on the pads before a shorter prompt (rollout). With one prompt for every row,
+    shared_prompt_hidden (§10) runs it once: the same numbers, cheaper."""
+    h = shared_prompt_hidden(model, ids, n_prompt, mask) if attn is None else None      # None: not one shared prompt
     if h is None:
-        out = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, use_cache=False)
+        pos = None if attn is None else (attn.cumsum(1) - 1).clamp(min=0)              # [B, P+T] from its first token
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=True, logits_to_keep=1,
+                    use_cache=False)
         h = out.hidden_states[-1][:, n_prompt - 1:-1]                                   # [B, T, H] predicts y_t
     lp, ent = sampled_logprobs(h, unwrap(model).get_output_embeddings(), ids[:, n_prompt:], mask, temperature,
                                entropy=entropy)                                         # [B, T], [B, T]
@@ -401,42 +482,53 @@ def entropy_coef(coef, H, cfg):
     return min(max(coef + cfg.entropy_step * (1 if H < cfg.entropy_target else -1), 0.0), cfg.entropy_coef_max)
 
 # ============================================================================ 8. Training loop
-def train(cfg: "Config", reward_fn=toy_reward, messages=None):
+def draw(pool, n, seed):  # the step's n instances, without replacement (the one problem: itself, n times)
+    return pool * n if len(pool) == 1 else random.Random(seed).sample(pool, n)
+def train(cfg: "Config", reward_fn=None, messages=None):
+    """GRPO on cfg.task; your own reward_fn(text, instance) -> float, or one chat (messages), replaces the task's."""
     from tqdm.auto import tqdm
     acc, tok, model, ref, opt, log = setup(cfg)                            # §9: accelerator, policy, reference, AdamW
-    prompt = chat_prompt(tok, messages or toy_messages(cfg.worked_examples), model, cfg).to(acc.device)  # [1, P]
-    eos, pad_id, P, G = eos_ids(tok, unwrap(model)), tok.pad_token_id, prompt.shape[1], cfg.group_size
+    task = make_task(cfg, reward_fn, messages)                             # §2's TASKS, or a file of yours (§9)
+    eos, pad_id, G = eos_ids(tok, unwrap(model)), tok.pad_token_id, cfg.group_size
     N = cfg.prompts_per_step * G                                           # completions per step and process
     single_update = cfg.inner_epochs == 1 and cfg.minibatch_size == N     # mu = 1: pi_old = pi_theta (departure 5)
-    coef, bad = cfg.entropy_coef, 0                                  # the entropy bonus's coefficient, failed updates
+    coef, bad, step = cfg.entropy_coef, 0, log.start - 1             # the entropy bonus's coefficient, failed updates
     for step in tqdm(range(log.start, cfg.num_steps), initial=log.start, total=cfg.num_steps, desc="GRPO",
                      disable=not (acc.is_main_process and sys.stderr.isatty())):
+        if step == 0 or cfg.eval_every and step % cfg.eval_every == 0:           # held-out accuracy before the step
+            log_eval(acc, log, step, evaluate(acc, model, tok, task, cfg, eos, pad_id, step))
         t0 = time.time()
-        # ---- 1. Generate: N completions of the prompt, y_t ~ softmax(logits_t / T)
+        # ---- 1. Generate: the step's instances (prompts_per_step), G completions each, y_t ~ softmax(logits_t / T)
+        instances = draw(task.train, cfg.prompts_per_step, seed_of("draw", cfg.seed, step, acc.process_index))
+        prompts = [chat_prompt(tok, task.messages(x), model, cfg).to(acc.device) for x in instances]  # [1, P_i] each
         model.eval()
         with acc.autocast():
-            seqs = sample(unwrap(model), prompt, N, cfg, eos, pad_id).clone()               # [N, P+T]
+            seqs, attn, P = rollout(unwrap(model), prompts, G, cfg, eos, pad_id)           # [N, P+T], [N, P+T] | None
         mask, truncated = completion_mask(seqs[:, P:], eos)                                # [N, T], [N]
         t1 = time.time()
 
-        # ---- 2. Reward: the task reward of each completion, cut at its first EOS
-        texts = tok.batch_decode([c[:int(n)] for c, n in zip(seqs[:, P:], mask.sum(1))], skip_special_tokens=True)
-        R = torch.tensor([reward_fn(t) for t in texts], dtype=torch.float32, device=seqs.device)  # [N]
+        # ---- 2. Reward: each completion's score in parts (the toy: its credits), cut at its first EOS
+        texts = decode(tok, seqs[:, P:], eos)[0]                                          # [N] cut at the first EOS
+        rows = [x for x in instances for _ in range(G)]                                    # [N] each row's instance
+        parts = [task.score(t, x) for t, x in zip(texts, rows)]                            # [N] {part: reward}
+        R = torch.tensor([sum(p.values()) for p in parts], dtype=torch.float32, device=seqs.device)  # [N]
         t2 = time.time()
 
         # ---- 3. KL: log-probs of the sampled tokens under pi_ref and pi_old = pi_theta, at temperature T
         model.train()
         with acc.autocast(), torch.no_grad():
-            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, cfg.temperature, entropy=None)[0]
+            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, cfg.temperature, entropy=None,
+                                                             attn=attn)[0]
         with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is phase 5's
             now = token_logprobs(model, seqs, P, mask, cfg.temperature, cfg.objective == "ppo", entropy="grad" if
-                                 single_update and (cfg.entropy_coef or cfg.entropy_target) else "value")
+                                 single_update and (cfg.entropy_coef or cfg.entropy_target) else "value", attn=attn)
         old_lp, ent, old_values = (x.detach() if x is not None else None for x in now)     # [N, T] each
         kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
         t3 = time.time()
 
         # ---- 4. Advantage: the reward normalised in each group (gdpo: part by part), minus beta * (KL_i - mean_j KL_j)
-        C = reward_columns(texts, R, truncated, cfg, reward_fn is toy_reward).unflatten(0, (-1, G))  # [P, G, K]
+        shaping = [task.shaping(t, x) for t, x in zip(texts, rows)]                        # [N] +1 / 0 / -1
+        C = reward_columns(parts, shaping, truncated, cfg).to(R.device).unflatten(0, (-1, G))  # [P, G, K]
         R_learn = C.sum(-1).flatten()                                                      # [N] R + shaping
         A, returns = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C).flatten(), None  # [N]
         if cfg.objective == "ppo":                                                         # per token, from a critic
@@ -444,8 +536,8 @@ def train(cfg: "Config", reward_fn=toy_reward, messages=None):
 
         # ---- 5. Update: mu epochs over minibatches, one clipped AdamW step each
         coef = entropy_coef(coef, acc.gather(((ent * mask).sum() / mask.sum()).reshape(1)).mean().item(), cfg)
-        batch = dict(seqs=seqs, old_lp=old_lp, ref_lp=ref_lp, mask=mask, adv=A, R=R_learn, old_values=old_values,
-                     returns=returns)
+        batch = dict(seqs=seqs, attn=attn, old_lp=old_lp, ref_lp=ref_lp, mask=mask, adv=A, R=R_learn,
+                     old_values=old_values, returns=returns)
         stats, bad = update(acc, model, opt, batch, now if single_update else None, P, replace(cfg, entropy_coef=coef),
                             bad)
         del now
@@ -458,10 +550,45 @@ def train(cfg: "Config", reward_fn=toy_reward, messages=None):
         stats.update({"entropy/coef": coef, "reward/shaping": (R_learn - R).mean().item(), "time/generate": t1 - t0,
                       "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": time.time() - t3,
                       "time/step": time.time() - t0})
-        parts = [credits(t) for t in texts] if reward_fn is toy_reward else []           # logged: credit/<step>
-        if not after_step(acc, log, cfg, step, {**batch, "R": R}, kl_seq, ent, truncated, texts, parts, stats, coef):
+        if not after_step(acc, log, cfg, step, {**batch, "R": R, "instances": instances}, kl_seq, ent, truncated,
+                          texts, parts, stats, coef):
             break
+    if step + 1 > log.start:                                               # the held-out accuracy after the last step
+        log_eval(acc, log, step + 1, evaluate(acc, model, tok, task, cfg, eos, pad_id, step + 1))
     return save_final(acc, cfg, model, tok, log)
+
+@torch.no_grad()
+def evaluate(acc, model, tok, task, cfg, eos, pad_id, step):
+    """The policy on the first --eval_size held-out instances (never trained on; each process a share): its greedy
+    completion's accuracy (the headline), reward and each part's rate; with --eval_samples k, the accuracy of k samples
+    at the training temperature and pass@k (their own seed: the run's samples stay as they would be without them)."""
+    if not cfg.eval_size or not task.held_out:
+        return {}
+    t0, was_training = time.time(), model.training
+    mine = task.held_out[:cfg.eval_size][acc.process_index::acc.num_processes]       # this process's share
+    prompts = [chat_prompt(tok, task.messages(x), model, cfg)[0].to(acc.device) for x in mine]  # [P_i] each
+    model.eval()
+    with acc.autocast():
+        seqs = generate_many(unwrap(model), prompts, 1, cfg, eos, pad_id, greedy=True)  # [n, T]
+        texts, mask, cut = decode(tok, seqs, eos)
+        parts = [task.score(t, x) for t, x in zip(texts, mine)]                          # [n] {part: reward}
+        sums = {"accuracy": sum(task.correct(t, x) for t, x in zip(texts, mine)), "truncated_frac": cut.sum(),
+                "reward": sum(sum(p.values()) for p in parts), "len_mean": mask.sum(),
+                **{f"credit/{k}": sum(p[k] > 0 for p in parts) for k in (parts[0] if parts else {})}}
+        if cfg.eval_samples:
+            k = cfg.eval_samples
+            with torch.random.fork_rng(devices=[acc.device] if acc.device.type == "cuda" else []):
+                torch.manual_seed(seed_of("eval", cfg.seed, step, acc.process_index))
+                texts = decode(tok, generate_many(unwrap(model), prompts, k, cfg, eos, pad_id), eos)[0]  # [n*k]
+            right = torch.tensor([float(task.correct(t, x)) for t, x in zip(texts, (x for x in mine for _ in
+                                                                                    range(k)))]).view(-1, k)  # [n, k]
+            sums.update({"sampled_accuracy": right.mean(1).sum(), f"pass@{k}": right.max(1).values.sum()})
+    model.train(was_training)
+    keys = sorted(sums)
+    totals = acc.gather(torch.tensor([[float(sums[k]) for k in keys] + [len(mine)]], dtype=torch.float64,
+                                     device=acc.device)).sum(0)                       # [K + 1] over processes
+    return {**{f"eval/{k}": (totals[i] / totals[-1].clamp(min=1)).item() for i, k in enumerate(keys)},
+            "eval/n": int(totals[-1]), "eval/time": time.time() - t0}
 
 def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
     """mu epochs of minibatches, one AdamW step each; a non-finite loss or gradient anywhere skips it everywhere."""
@@ -476,7 +603,7 @@ def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
             with acc.autocast():
                 b["lp"], b["entropy"], b["values"] = cached if cached is not None else token_logprobs(
                     model, b["seqs"], n_prompt, b["mask"], cfg.temperature, cfg.objective == "ppo",
-                    entropy="grad" if cfg.entropy_coef or cfg.entropy_target else "value")
+                    entropy="grad" if cfg.entropy_coef or cfg.entropy_target else "value", attn=b["attn"])
                 cached = None                                                   # its graph is used once, then freed
                 loss, st = policy_loss(b, cfg)
                 loss = loss * token_share(acc, b["mask"], cfg)
@@ -517,6 +644,88 @@ class Config(Recipe):  # every flag of the script: the Recipe's (§1), then the 
     resume_from: Optional[str] = flag(None, "continue from this checkpoint folder")
     report_to: str = flag("none", "none | tensorboard | wandb (the JSONL log is always written)")
     max_bad_updates: int = flag(3, "stop after this many non-finite updates in a row")
+    eval_size: int = flag(64, "held-out instances evaluated before step 0, every --eval_every and at the end (0: none)")
+    eval_every: int = flag(0, "also evaluate every N steps (0: only before the first step and after the last)")
+    eval_samples: int = flag(0, "also k samples an instance at the training temperature: pass@k (0: greedy only)")
+    eval_fraction: float = flag(0.1, "a .jsonl task: the share of its rows held out (chosen by a hash of the row)")
+    eval_file: Optional[str] = flag(None, "a .jsonl task: evaluate on this file's rows instead (none held out)")
+
+def seed_of(*parts):  # a seed from its parts, the same on every machine and run (Python's hash() is not)
+    return int(hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:15], 16)
+
+def make_task(cfg, reward_fn=None, messages=None):
+    """cfg.task: a TASKS entry (§2) or a .jsonl file; your reward_fn(text, instance) (or reward_fn(text)) replaces its
+    reward, and one chat of yours (messages) its instances: that chat is then the only one, with no held-out set."""
+    task = TASKS[cfg.task](cfg) if cfg.task in TASKS else file_task(cfg)
+    if messages is not None:
+        task = replace(task, train=[messages], held_out=[], messages=lambda chat: chat)
+    if reward_fn is not None:
+        two = len(inspect.signature(reward_fn).parameters) >= 2
+        task = replace(task, score=lambda t, x: {"reward": float(reward_fn(t, x) if two else reward_fn(t))},
+                       shaping=lambda t, x: 0)
+    return task
+
+def read_rows(path, what):
+    """The rows of a .jsonl task file: each a JSON object with a "prompt" and an "answer" (strings or numbers), and
+    optionally a "system" prompt and "examples" ([[question, solution], ...]); every bad line is one ConfigError."""
+    def bad(why):
+        raise ConfigError(f"{what}={path!r} is invalid: {why}")
+    if not os.path.isfile(path):
+        bad("no such file")
+    rows = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                bad(f"line {n} is not JSON")
+            if not isinstance(row, dict) or not all(isinstance(row.get(k), (str, int, float)) and not isinstance(
+                    row.get(k), bool) and str(row.get(k)).strip() for k in ("prompt", "answer")):
+                bad(f"line {n} is not an object with a non-empty \"prompt\" and \"answer\" (strings or numbers)")
+            if not isinstance(row.get("system", ""), str) or not all(
+                    isinstance(e, list) and len(e) == 2 and all(isinstance(s, str) for s in e)
+                    for e in row.get("examples", []) if isinstance(row.get("examples", []), list)) or not isinstance(
+                    row.get("examples", []), list):
+                bad(f"line {n}: \"system\" must be a string and \"examples\" a list of [question, solution] pairs")
+            rows.append({**row, "line": n})
+    if not rows:
+        bad("it holds no rows")
+    return rows
+
+def file_task(cfg):
+    """--task file.jsonl: a group per row, the reward from its answer (boxed_reward); the held-out rows are chosen by a
+    hash of the row's prompt and answer (a stable share --eval_fraction, never a seed offset) or come from --eval_file."""
+    rows = read_rows(cfg.task, "--task")
+    held = lambda r: hashlib.sha256(json.dumps([r["prompt"], r["answer"]]).encode()).digest()[0] < 256 * cfg.eval_fraction
+    train = rows if cfg.eval_file else [r for r in rows if not held(r)]
+    held_out = read_rows(cfg.eval_file, "--eval_file") if cfg.eval_file else [r for r in rows if held(r)]
+    if len(train) < cfg.prompts_per_step:
+        raise ConfigError(f"--task={cfg.task!r} is invalid: {len(train)} training rows after the held-out split "
+                          f"(--eval_fraction {cfg.eval_fraction}), fewer than --prompts_per_step {cfg.prompts_per_step}")
+    chat = lambda r: [*([{"role": "system", "content": r["system"]}] if r.get("system") else []),
+                      *({"role": role, "content": text} for q, s in r.get("examples", []) for role, text in
+                        (("user", q), ("assistant", s))), {"role": "user", "content": str(r["prompt"])}]
+    return Task(train, held_out, chat, boxed_reward, lambda text, r: same_answer(last_boxed(text), r["answer"]))
+
+def last_boxed(text):  # what the last \boxed{...} holds (one level of nested braces), or None
+    found = re.findall(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}", text)
+    return found[-1] if found else None
+
+def same_answer(given, answer):  # equal as numbers ("1,000" = 1000.0, "3/4" = 0.75), else as normalised text
+    if given is None:
+        return False
+    norm = lambda s: re.sub(r"\\text\{([^{}]*)\}|[\s$]", r"\1", str(s)).strip(".").lower()
+    def number(s):
+        m = re.fullmatch(r"(-?\d+(?:\.\d+)?)(?:/(\d+(?:\.\d+)?))?", norm(s).replace(",", ""))
+        return None if not m or m.group(2) and float(m.group(2)) == 0 else float(m.group(1)) / float(m.group(2) or 1)
+    a, b = number(given), number(answer)
+    return a == b if a is not None and b is not None else norm(given) == norm(answer)
+
+def boxed_reward(text, row):  # a .jsonl task's reward: 0.1 for a box, 0.9 more if its content is the row's answer
+    box = last_boxed(tidy(text))
+    return {"boxed": 0.1 * (box is not None), "answer": 0.9 * same_answer(box, row["answer"])}
 
 def unwrap(model):  # DDP and DeepSpeed keep the HF model in .module
     return getattr(model, "module", model)
@@ -561,12 +770,20 @@ def resolve(cfg: Config, cuda: bool) -> Config:
     cfg.run_name = cfg.run_name or f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
     return cfg
 
-def load_model(name: str, dtype: torch.dtype):
-    """Tokenizer and model from a hub id, a folder, a .gguf or 'bundled:' (GGUF: dequantised into a plain model)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+def load_tokenizer(name):  # from a hub id, a folder, a .gguf or 'bundled:'
+    from transformers import AutoTokenizer
     path = bundled_gguf() if name.startswith("bundled:") else os.path.expanduser(name)
     folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    tok.pad_token = tok.pad_token or tok.eos_token
+    return tok
+
+def load_model(name: str, dtype: torch.dtype):
+    """Tokenizer and model from a hub id, a folder, a .gguf or 'bundled:' (GGUF: dequantised into a plain model)."""
+    from transformers import AutoModelForCausalLM, PretrainedConfig
+    path = bundled_gguf() if name.startswith("bundled:") else os.path.expanduser(name)
+    folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
+    tok = load_tokenizer(name)
     meta = model_config(path) if file else None  # a GGUF's config, read already by validate (a read: ~10 s)
     given = {"config": copy.deepcopy(meta)} if isinstance(meta, PretrainedConfig) else {}
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32 if file else dtype,
@@ -669,6 +886,8 @@ RULES = [  # (flags, allowed?, what is allowed)
     ("group_size", lambda v: v >= 2, "must be an integer >= 2 (a group needs a baseline)"),
     ("prompts_per_step max_new_tokens num_steps inner_epochs minibatch_size keep_last max_bad_updates",
      lambda v: v >= 1, "must be a positive integer"),
+    ("eval_size eval_every eval_samples", lambda v: v >= 0, "must be an integer >= 0"),
+    ("eval_fraction", lambda v: 0 <= v < 1, "must be a number in [0, 1)"),
     ("learning_rate temperature clip_eps clip_eps_high vf_clip", lambda v: 0 < v < math.inf,
      "must be a finite number > 0"),
     ("beta truncation_penalty truncation_weight consistency_bonus max_grad_norm entropy_coef entropy_target "
@@ -694,6 +913,8 @@ def validate(cfg: Config):
         for name in names.split():
             need(ok(getattr(cfg, name)), name, allowed)
     need(cfg.clip_eps < 1 or cfg.objective == "cispo", "clip_eps", "must be < 1 (a ratio below 0 is meaningless)")
+    need(cfg.task in TASKS or cfg.task.endswith(".jsonl"), "task", f"choose {', '.join(TASKS)} or a .jsonl file")
+    task = TASKS[cfg.task](cfg) if cfg.task in TASKS else file_task(cfg)      # a file's bad line: one line here
     batch = cfg.prompts_per_step * cfg.group_size
     need(batch % cfg.minibatch_size == 0, "minibatch_size", f"must divide prompts_per_step*group_size = {batch}")
     if cfg.objective == "online_dpo":
@@ -712,6 +933,12 @@ def validate(cfg: Config):
     context = context_window(cfg.model, lambda ok, allowed: need(ok, "model", allowed))
     need(context is None or cfg.max_new_tokens < context, "max_new_tokens",
          f"the model's context window is {context} tokens, prompt included")
+    if cfg.task not in TASKS and context:  # a file's rows: each chat must leave room for --max_new_tokens
+        tok = load_tokenizer(cfg.model)
+        for x in task.train + task.held_out:
+            P = len(tok.apply_chat_template(task.messages(x), add_generation_prompt=True, return_dict=True)["input_ids"])
+            need(P + cfg.max_new_tokens <= context, "task", f"line {x['line']}'s prompt is {P} tokens: with "
+                 f"--max_new_tokens {cfg.max_new_tokens} it exceeds the context window of {context} tokens")
 
 def context_window(name, need):
     """Check that `name` is a model from its config alone (no weights); return its context window or None."""
@@ -775,6 +1002,11 @@ IGNORED = [  # (flags, when they would do nothing, why): a flag you pass must ac
     ("entropy_step entropy_coef_max", lambda c: not c.entropy_target, "only the adaptive bonus (--entropy_target > 0) "
      "moves the coefficient"),
     ("keep_last", lambda c: not c.save_every, "checkpoints are kept only with --save_every"),
+    ("eval_fraction eval_file", lambda c: c.task in TASKS, "only a .jsonl --task has rows to hold out"),
+    ("eval_fraction", lambda c: c.eval_file is not None, "--eval_file gives the held-out rows"),
+    ("worked_examples consistency_bonus", lambda c: c.task not in TASKS, "a .jsonl task brings its own examples and "
+     "has no a and b"),
+    ("eval_every eval_samples", lambda c: c.eval_size == 0, "--eval_size 0: no evaluation"),
     ("resume", lambda c: c.resume_from is not None, "--resume_from names the checkpoint"),
 ]
 
@@ -885,6 +1117,53 @@ def prefix_attention_on(model, P):
         yield {"shared_prefix": P} if was == "sdpa" else {}
     finally:
         config._attn_implementation = was
+
+@torch.inference_mode()
+def generate_many(model, prompts, k, cfg, eos, pad_id, greedy=False, rows=32):
+    """k completions of each of many prompts ([P_i] each), `rows` at a time, greedy (argmax) or y ~ softmax(z / T):
+    the evaluation's sampler. The prompts' common prefix runs once; each row then runs its own rest, left-padded (the
+    pads masked, positions counted past them), and decodes; finished rows leave. Returns [n*k, T] (pad after EOS)."""
+    L, first = min(len(p) for p in prompts) - 1, prompts[0]                            # every row keeps >= 1 token
+    for p in prompts[1:]:
+        differ = (p[:L] != first[:L]).nonzero()
+        L = int(differ[0]) if len(differ) else L                                        # the common prefix's length
+    prefix = kv_cache(model(input_ids=first[None, :L], use_cache=True, logits_to_keep=1)) if L else None  # once
+    jobs, out, eos = [p for p in prompts for _ in range(k)], [], torch.tensor(eos, device=first.device)
+    for s in range(0, len(jobs), rows):
+        batch = jobs[s:s + rows]
+        rest = torch.tensor([len(p) - L for p in batch], device=first.device)          # [r] each row's own tokens
+        S = int(rest.max())
+        ids = torch.stack([F.pad(p[L:], (S - len(p) + L, 0), value=pad_id) for p in batch])  # [r, S] left-padded
+        attn = F.pad(torch.arange(S, device=ids.device) >= S - rest[:, None], (L, 0), value=True).long()  # [r, L+S]
+        pos = (attn.cumsum(1) - 1).clamp(min=0)[:, L:]                                  # [r, S] past the pads
+        cache = rows_cache(prefix, len(batch), S + cfg.max_new_tokens) if L else None
+        tokens, live = ids.new_full((len(batch), cfg.max_new_tokens), pad_id), torch.arange(len(batch), device=ids.device)
+        now = model(input_ids=ids, attention_mask=attn, position_ids=pos, **cache_arg(model, cache), use_cache=True,
+                    logits_to_keep=1)
+        cache, logits, pos = kv_cache(now), now.logits[:, -1], pos[:, -1:] + 1          # [r, V], [r, 1]
+        for t in range(cfg.max_new_tokens):
+            y = (logits.argmax(-1, keepdim=True) if greedy else
+                 torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1))  # [live, 1]
+            tokens[live, t] = y[:, 0]
+            going = ~torch.isin(y[:, 0], eos)                                           # [live] no EOS yet
+            if not going.all():                                                         # finished rows leave
+                live, y, attn, pos = live[going], y[going], attn[going], pos[going]
+                cache.batch_select_indices(going)
+            if len(live) == 0 or t + 1 == cfg.max_new_tokens:
+                break
+            attn = F.pad(attn, (0, 1), value=1)                                         # [live, L+S+t+1]
+            logits = model(input_ids=y, attention_mask=attn, position_ids=pos, **cache_arg(model, cache),
+                           use_cache=True, logits_to_keep=1).logits[:, -1]              # [live, V]
+            pos = pos + 1
+        out.append(tokens)
+    return torch.cat(out)                                                               # [n*k, T]
+
+def rows_cache(prefix, n, room):  # n rows of a one-row prefix cache with room for `room` more tokens (InPlaceKV)
+    if any(type(layer) is not DynamicLayer for layer in getattr(prefix, "layers", [0])):
+        return repeat_cache(prefix, n)                                                  # e.g. sliding windows
+    cache = copy.copy(prefix)
+    cache.layers = [InPlaceKV(layer, n, room) for layer in prefix.layers]               # the prefix stays as it is
+    return cache
 
 ROWS_PER_PASS = 4  # rows of like length per forward in shared_prompt_hidden (README: Where each piece lives)
 
@@ -1030,11 +1309,11 @@ class RunLog:
     the main process only. A resumed run drops the steps after its checkpoint from the JSONL (and --log_samples')."""
 
     def __init__(self, cfg, active, start, spent):  # start: the first step to run; spent: seconds of steps so far
-        self.active, self.jsonl, self.text, self.samples = active, *(f"{cfg.log_dir}/{cfg.run_name}.{e}" for e in
-                                                                     ("jsonl", "log", "samples.jsonl.gz"))
+        self.active, self.jsonl, self.text, self.samples, self.evals = active, *(
+            f"{cfg.log_dir}/{cfg.run_name}.{e}" for e in ("jsonl", "log", "samples.jsonl.gz", "eval.jsonl"))
         self.start, self.spent = start, spent
-        if active:
-            for path in [self.jsonl] + [self.samples] * cfg.log_samples:  # JSON rows: keep those before `start`
+        if active:  # JSON rows: keep those before `start`
+            for path in [self.jsonl] + [self.evals] * bool(cfg.eval_size) + [self.samples] * cfg.log_samples:
                 opener = gzip.open if path.endswith(".gz") else open
                 old = opener(path, "rt").readlines() if start and os.path.exists(path) else []
                 with opener(path, "wt") as f:
@@ -1097,11 +1376,21 @@ def clip_stats(r, A, m, cfg):
     return {"clip/frac_low": (low.sum() / m.sum()).item(), "clip/frac_high": (high.sum() / m.sum()).item(),
             "clip/frac": ((low + high).sum() / m.sum()).item()}
 
+def log_eval(acc, log, step, m):  # one row of logs/<run>.eval.jsonl and one line, for each evaluation
+    if m:
+        log.write(log.evals, json.dumps({"step": step, **m}))
+        pass_k = "".join(f" | {k[5:]} {v:.3f}" for k, v in m.items() if k.startswith("eval/pass@"))
+        log.say(f"eval {step:>4} | held-out accuracy {m['eval/accuracy']:.3f} of {m['eval/n']} | reward "
+                f"{m['eval/reward']:.3f}{pass_k} | {m['eval/time']:.1f}s")
+
 def after_step(acc, log, cfg, step, batch, kl_seq, ent, truncated, texts, parts, stats, coef):
     """Log the step (its best sample every 5 steps), checkpoint every --save_every; False once --time_limit is spent."""
     log.spent += acc.gather(torch.tensor([stats["time/step"]], device=acc.device)).max().item()  # alike everywhere
     last = step + 1 == cfg.num_steps or 0 < 60 * cfg.time_limit <= log.spent
     m = {"step": step, **step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg)}
+    from accelerate.utils import gather_object
+    m["instances"] = [asdict(x) if isinstance(x, Piecewise) else x.get("line") if isinstance(x, dict) else None
+                      for x in gather_object(batch["instances"])]  # what each group's prompt was
     log.write(log.jsonl, json.dumps(m))                                 # one JSON row per step, one readable line
     cfg.log_samples and log.write(log.samples, json.dumps({"step": step, "reward": batch["R"].tolist(), "text": texts}))
     log.say(f"step {step:>4}/{cfg.num_steps} | reward {m['reward/mean']:.3f} (max {m['reward/max']:.2f}) | kl "
@@ -1120,7 +1409,7 @@ def after_step(acc, log, cfg, step, batch, kl_seq, ent, truncated, texts, parts,
 def step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg):
     """Every metric of a step, averaged over processes (max/min metrics take the max/min)."""
     R, mask, A, lengths = batch["R"], batch["mask"], batch["adv"], batch["mask"].sum(1)
-    stats = {**stats, **{f"credit/{k}": sum(p[k] for p in parts) / len(parts) for k in (parts[0] if parts else {})}}
+    stats = {**stats, **{f"credit/{k}": sum(p[k] > 0 for p in parts) / len(parts) for k in (parts[0] if parts else {})}}
     m = {"reward/mean": R.mean(), "reward/max": R.max(), "reward/std": R.std(),
          "reward/shaped_mean": (R - cfg.beta * kl_seq).mean() if cfg.kl_placement == "reward" else R.mean(),
          "reward/truncation_penalty": cfg.truncation_penalty * truncated.float().mean(),

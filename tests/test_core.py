@@ -278,6 +278,10 @@ def test_gdpo_zscores_each_part_then_the_sum():
     assert torch.all(tg.ADVANTAGES["gdpo"](torch.full((2, 8, 3), 0.7)) == 0)           # ties: exactly 0, no 0/0
 
 
+def toy_columns(texts, truncated, cfg):  # the toy problem's reward columns, as train() builds them
+    return tg.reward_columns([tg.credits(t) for t in texts], [tg.consistent(t) for t in texts], truncated, cfg)
+
+
 def test_a_guessed_box_moves_no_gdpo_advantage():
     """With consistency_bonus = the box's weight, a group where some samples guess the right box (without the right a
     and b) gets the GDPO advantages it would get if nobody had boxed: the box's column and the charge cancel. A box
@@ -285,8 +289,7 @@ def test_a_guessed_box_moves_no_gdpo_advantage():
     cfg = _cfg(truncation_penalty=0.0, consistency_bonus=0.3, advantage="gdpo")
     steps = ["At x = 2: 2a + 3 = -3 so a = -3", "2 - 5 = -3", "At x = -2 it is -2 - 5 = -7", "nothing"] * 2
     guessed = [t + (" \\boxed{0}" if i % 3 == 0 else "") for i, t in enumerate(steps)]
-    A = lambda texts: tg.gdpo(tg.reward_columns(texts, torch.tensor([tg.toy_reward(t) for t in texts]),
-                                                torch.zeros(8, dtype=torch.bool), cfg, toy=True)[None])
+    A = lambda texts: tg.gdpo(toy_columns(texts, torch.zeros(8, dtype=torch.bool), cfg)[None])
     torch.testing.assert_close(A(guessed), A(steps))
     whole = list(steps)
     whole[1] = "2a = -6, a = -3; -b = -3, b = 3; a + b = 0, \\boxed{0}"
@@ -301,11 +304,11 @@ def test_reward_columns_sum_to_the_learning_reward_and_gdpo_reads_them():
              "nothing"]
     truncated = torch.tensor([False, False, True, True])
     R = torch.tensor([tg.toy_reward(t) for t in texts])
-    C = tg.reward_columns(texts, R, truncated, cfg, toy=True)                           # [4, K + 2]
+    C = toy_columns(texts, truncated, cfg)                           # [4, K + 2]
     shaping = torch.tensor([0.3, -0.3, 0.2, -0.1])  # 0: a + b, right; 1: the right box without a; 2: a + b, wrong
     torch.testing.assert_close(C.sum(1), R + shaping)
     assert C.shape[1] == len(tg.CREDIT) + 2
-    own = tg.reward_columns(texts, torch.tensor([1.0, 2.0, 3.0, 4.0]), truncated, cfg, toy=False)
+    own = tg.reward_columns([{"reward": r} for r in (1.0, 2.0, 3.0, 4.0)], [0] * 4, truncated, cfg)
     torch.testing.assert_close(own.sum(1), torch.tensor([1.0, 2.0, 2.9, 3.9]))         # no consistency bonus
     parts, kl = C.unflatten(0, (1, 4)), torch.zeros(1, 4)
     torch.testing.assert_close(tg.advantages(C.sum(1)[None], kl, cfg, parts), tg.ADVANTAGES["gdpo"](parts))
@@ -324,7 +327,7 @@ def test_under_gdpo_a_shaping_term_counts_by_its_sign_not_its_size():
 
     def A(advantage, **shaping):
         cfg = _cfg(advantage=advantage, **shaping)
-        C = tg.reward_columns(texts, R, truncated, cfg, toy=True)                       # [8, K + 2]
+        C = toy_columns(texts, truncated, cfg)                       # [8, K + 2]
         return tg.advantages(C.sum(1)[None], kl, cfg, C[None])                          # [1, 8]
     small = dict(truncation_penalty=0.1, consistency_bonus=0.3)
     big = dict(truncation_penalty=1.0, consistency_bonus=0.05)
@@ -344,7 +347,7 @@ def test_gdpo_weights_the_truncation_column_by_truncation_weight():
 
     def A(**kw):
         cfg = _cfg(advantage="gdpo", truncation_penalty=0.1, consistency_bonus=0.3, **kw)
-        C = tg.reward_columns(texts, R, truncated, cfg, toy=True)[None]                 # [1, 8, K + 2]
+        C = toy_columns(texts, truncated, cfg)[None]                 # [1, 8, K + 2]
         return tg.advantages(C.sum(-1), kl, cfg, C), C
     A1, C = A()
     A0, A3 = A(truncation_weight=0.0)[0], A(truncation_weight=0.3)[0]
