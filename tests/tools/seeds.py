@@ -32,8 +32,14 @@ def rows_of(path):  # a JSONL log, or one gzipped (.jsonl.gz)
         return [json.loads(ln) for ln in f if ln.strip()]
 
 
-def step_logs(paths):  # a glob such as logs/dir/*.jsonl.gz also matches the --log_samples files: those are left out
-    return [p for p in paths if ".samples.jsonl" not in os.path.basename(p)]
+def step_logs(paths):  # a glob such as logs/dir/*.jsonl.gz also matches the --log_samples and evaluation files: left out
+    return [p for p in paths if not any(f".{kind}.jsonl" in os.path.basename(p) for kind in ("samples", "eval"))]
+
+
+def eval_rows(jsonl_path):  # the evaluation rows beside a run's JSONL (<run>.eval.jsonl[.gz]), [] if it has none
+    base = jsonl_path.split(".jsonl")[0]
+    found = [p for p in (base + ".eval.jsonl", base + ".eval.jsonl.gz") if os.path.exists(p)]
+    return rows_of(found[0]) if found else []
 
 
 def judge(path, threshold=0.8, window=5):
@@ -106,7 +112,8 @@ def curves(jsonl_path, out_dir=os.path.join(ROOT, "img")):
     if not rows or not all("step" in r and "time/step" in r for r in rows):
         sys.exit(f"error: {jsonl_path} is not a JSONL log of transparent_grpo.py")
     minutes = sum(r["time/step"] for r in rows) / 60
-    panels = [("task reward", ["reward/mean", "reward/max"], []),   # (title, left axis, right axis: dotted)
+    evals = eval_rows(jsonl_path)
+    panels = [("task reward (o: held-out, greedy)", ["reward/mean", "reward/max"], []),  # (title, left, right: dotted)
               ("share of completions earning each credit", sorted({k for r in rows for k in r
                                                                    if k.startswith("credit/")}), []),
               ("KL per token (dotted: entropy, right)", ["kl/k1", "kl/k3"], ["entropy"]),
@@ -118,6 +125,11 @@ def curves(jsonl_path, out_dir=os.path.join(ROOT, "img")):
             for i, k in enumerate(k for k in keys if any(k in r for r in rows)):
                 side.plot(*zip(*[(r["step"], r[k]) for r in rows if k in r]), label=k, marker=".", ms=3,
                           ls=":" if side is not ax else "-", color=plt.cm.tab20(i / 11) if len(keys) > 2 else None)
+        if ax is axes[0]:                                           # the evaluations beside the training reward
+            for k, color in (("eval/accuracy", "black"), ("eval/reward", "grey")):
+                pts = [(r["step"], r[k]) for r in evals if k in r]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", ls="--", color=color, label=f"held-out {k[5:]}")
         ax.set_title(title), ax.set_xlabel("step"), ax.grid(alpha=0.3), ax.legend(fontsize=7, ncol=2)
     fig.suptitle(f"{os.path.basename(jsonl_path)}: {len(rows)} steps, {minutes:.1f} min of step time")
     out = os.path.join(out_dir, os.path.basename(jsonl_path).split(".jsonl")[0] + ".png")
