@@ -34,11 +34,12 @@ from transformers.cache_utils import DynamicLayer
 PRESETS = {  # one recipe per model; the model picks it (preset_for, §9), --preset names one; any flag you pass wins
     "qwen2.5-3b": dict(model="Qwen/Qwen2.5-3B-Instruct", group_size=4, prompts_per_step=1, max_new_tokens=512,
                        temperature=1.0, learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3,
-                       worked_examples=0, truncation_penalty=0.0, consistency_bonus=0.0, entropy_target=0.0),
+                       worked_examples=0, truncation_penalty=0.0, consistency_bonus=0.0, entropy_target=0.0,
+                       eval_size=64),
     "smollm2-135m": dict(model="bundled:SmolLM2-135M-Instruct", group_size=16, prompts_per_step=1, max_new_tokens=192,
                          temperature=0.8, learning_rate=2e-5, num_steps=28, beta=0.02, inner_epochs=1,
                          worked_examples=2, truncation_penalty=0.1, consistency_bonus=0.3, advantage="gdpo",
-                         entropy_target=0.2),
+                         entropy_target=0.2, eval_size=32),
 }
 OBJECTIVE_DEFAULTS = {  # objective-specific defaults, applied before the presets (flags still win)
     "dapo": dict(clip_eps_high=0.28), "gspo": dict(clip_eps=3e-4, clip_eps_high=4e-4),
@@ -644,7 +645,8 @@ class Config(Recipe):  # every flag of the script: the Recipe's (§1), then the 
     resume_from: Optional[str] = flag(None, "continue from this checkpoint folder")
     report_to: str = flag("none", "none | tensorboard | wandb (the JSONL log is always written)")
     max_bad_updates: int = flag(3, "stop after this many non-finite updates in a row")
-    eval_size: int = flag(64, "held-out instances evaluated before step 0, every --eval_every and at the end (0: none)")
+    eval_size: Optional[int] = flag(None, "held-out instances evaluated before step 0, every --eval_every and at the "
+                                    "end (0: none; default: the preset's)")
     eval_every: int = flag(0, "also evaluate every N steps (0: only before the first step and after the last)")
     eval_samples: int = flag(0, "also k samples an instance at the training temperature: pass@k (0: greedy only)")
     eval_fraction: float = flag(0.1, "a .jsonl task: the share of its rows held out (chosen by a hash of the row)")

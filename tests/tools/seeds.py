@@ -9,6 +9,7 @@ pass rate. One seed is an anecdote; report a recipe over >= 8.
     python tests/tools/seeds.py --plot img/seeds.png logs/defaults-seed*.jsonl  # a thin line per seed, the median bold
     python tests/tools/seeds.py --curves logs/<run>.jsonl                        # one run: img/<run>.png, four panels
     python tests/tools/seeds.py --samples logs/<run>.samples.jsonl.gz --every 5  # what its completions' last lines say
+    python tests/tools/seeds.py --held_out img/h.png logs/*-seed*.eval.jsonl     # held-out accuracy before and after
 
 Everything after `--` goes to transparent_grpo.py. Runs side by side share the machine: on CPU each gets its share
 of the cores (pinned); on a GPU they share the one device. A run is judged on the problem's own steps (a curriculum's
@@ -137,6 +138,40 @@ def curves(jsonl_path, out_dir=os.path.join(ROOT, "img")):
     return out
 
 
+def held_out(out, paths):
+    """Held-out greedy accuracy per evaluation, a line per run (<name>-seed<S>.eval.jsonl), a colour per <name>; a
+    table of each run's accuracy before the first step and after the last. out: a .png, or None for the table only."""
+    groups = collections.defaultdict(list)
+    for p in paths:
+        groups[os.path.basename(p).split(".eval.jsonl")[0].rsplit("-seed", 1)[0]].append((p, rows_of(p)))
+    lines = ["| runs | seed | held-out accuracy before | after | change (points) | reward before | after |",
+             "|---|---|---|---|---|---|---|"]
+    for name, runs in sorted(groups.items()):
+        for p, rows in runs:
+            first, last = rows[0], rows[-1]
+            seed = os.path.basename(p).split(".eval.jsonl")[0].rsplit("-seed", 1)[-1]
+            lines.append(f"| {name} | {seed} | {first['eval/accuracy']:.3f} | {last['eval/accuracy']:.3f} | "
+                         f"{100 * (last['eval/accuracy'] - first['eval/accuracy']):+.1f} | {first['eval/reward']:.3f} | "
+                         f"{last['eval/reward']:.3f} |")
+    if out:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for i, (name, runs) in enumerate(sorted(groups.items())):
+            for j, (p, rows) in enumerate(runs):
+                for ax, k in zip(axes, ("eval/accuracy", "eval/reward")):
+                    ax.plot(*zip(*[(r["step"], r[k]) for r in rows]), marker="o", color=plt.cm.tab10(i),
+                            label=name if j == 0 else None, alpha=0.8)
+        for ax, title in zip(axes, ("held-out accuracy (greedy, the final box)", "held-out reward (partial credit)")):
+            ax.set_title(title, fontsize=10), ax.set_xlabel("step"), ax.set_ylim(0, 1.02), ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        fig.tight_layout(), fig.savefig(out, dpi=100)
+        lines.append(out)
+    return "\n".join(lines)
+
+
 def last_lines(path, every=5, top=3):
     """What a run wrote (its --log_samples file): every `every` steps, the mean task reward and the `top` last lines
     written most often, each with how many of the step's completions end in it (a line over 100 characters: its last
@@ -226,11 +261,16 @@ def main(argv=None):
     ap.add_argument("--table", nargs="+", metavar="JSONL", help="only print the table of these logs")
     ap.add_argument("--plot", nargs="+", metavar=("PNG", "JSONL"), help="draw these logs on one figure")
     ap.add_argument("--curves", metavar="JSONL", help="draw one run's four panels into img/<run>.png")
+    ap.add_argument("--held_out", nargs="+", metavar=("PNG", "EVAL_JSONL"),
+                    help="held-out accuracy of these <run>.eval.jsonl files: a table and a figure (PNG '-': none)")
     ap.add_argument("--samples", metavar="GZ", help="a --log_samples file: the last lines its completions wrote")
     ap.add_argument("--every", type=int, default=5, help="--samples: one step in this many (and the last)")
     args = ap.parse_args(ours)
     if args.curves:
         print(curves(args.curves))
+        return 0
+    if args.held_out:
+        print(held_out(None if args.held_out[0] == "-" else args.held_out[0], args.held_out[1:]))
         return 0
     if args.samples:
         print(last_lines(args.samples, max(1, args.every)))
