@@ -655,8 +655,9 @@ def setup(cfg):
 
 def chat_prompt(tok, messages, model, cfg):  # [1, P] the chat's token ids; the context must hold P + max_new_tokens
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    P, context = ids["input_ids"].shape[1], unwrap(model).config.max_position_embeddings
-    if P + cfg.max_new_tokens > context:  # validate() could only check max_new_tokens < context before the tokenizer
+    text_config = unwrap(model).config.get_text_config()
+    P, context = ids["input_ids"].shape[1], getattr(text_config, "max_position_embeddings", None)  # None: no limit
+    if context is not None and P + cfg.max_new_tokens > context:  # validate could not count the prompt's tokens
         raise ConfigError(f"--max_new_tokens={cfg.max_new_tokens} is invalid: with the {P}-token prompt it exceeds the "
                           f"context window of {context} tokens")
     return ids["input_ids"]
@@ -735,8 +736,8 @@ def validate_run(cfg, need):
     name = cfg.run_name
     need(re.fullmatch(r"[^/\\\x00-\x1f]+", name) and name not in (".", "..") and len(os.fsencode(name)) <= 200,
          "run_name", "must be one plain file name: not empty, . or .., no / or \\ or control characters, <= 200 bytes")
-    for path in run_logs(cfg):
-        need(not os.path.islink(path), "log_dir", f"{path} is a symbolic link: logs are never written through one")
+    for path in [*run_logs(cfg), os.path.join(cfg.output_dir, name), checkpoint_dir(cfg)]:
+        need(not os.path.islink(path), "run_name", f"{path} is a symbolic link: this script never writes through one")
     need(cfg.resume_from != "", "resume_from", "must name a checkpoint folder (leave the flag out for none)")
     resume = cfg.resume_from
     if resume is not None:
@@ -796,6 +797,7 @@ def context_window(name, need, trust=False):
         need(not custom_code(tok), CUSTOM_CODE)
         need(not isinstance(tok, Exception), f"its tokenizer cannot be loaded ({one_line(tok)[:80]})")
         need(getattr(tok, "chat_template", None), "its tokenizer has no chat template (the prompt is a chat)")
+        need(tok.eos_token or tok.pad_token, "its tokenizer has neither an EOS nor a pad token")
     return getattr(config.get_text_config(), "max_position_embeddings", None)
 
 CUSTOM_CODE = "it needs the Python code in its folder to load: --trust_remote_code runs it (only if you trust it)"
@@ -1124,8 +1126,10 @@ class RunLog:
             notes = list(notes)
             for path in [self.jsonl] + [self.samples] * cfg.log_samples:  # JSON rows: keep those before `start`
                 old = kept_rows(path, start, notes) if start and os.path.exists(path) else []
-                with open_log(path, "wt") as f:
+                tmp = os.path.join(os.path.dirname(path), ".tmp-" + os.path.basename(path))  # a kill: the old file
+                with open_log(tmp, "wt") as f:
                     f.writelines(old)
+                replace_log(tmp, path)
             with open_log(self.text, "at" if start else "wt"):
                 pass
             for note in notes:
@@ -1157,6 +1161,12 @@ def open_log(path, mode):
                 yield f
     except OSError as err:  # a full disk, a link where the file should be
         raise RunError(f"could not {'read' if 'r' in mode else 'write'} {path}: {one_line(err)}") from None
+
+def replace_log(tmp, path):
+    try:
+        os.replace(tmp, path)
+    except OSError as err:
+        raise RunError(f"could not write {path}: {one_line(err)}") from None
 
 def kept_rows(path, start, notes):
     """A JSON-lines log's rows before step `start`, for a resumed run. A last line cut short (a kill while it was

@@ -45,7 +45,8 @@ def cli(capsys, *args):
         code = stop.code
     out, err = capsys.readouterr()
     assert "Traceback" not in err, err[-3000:]
-    return code, out, [ln for ln in err.strip().splitlines() if ln.strip() and not ln.startswith(("Loading", "Writing"))]
+    return code, out, [ln for ln in err.strip().splitlines()
+                       if ln.strip() and not ln.startswith(("Loading", "Writing"))]
 
 
 def script(*args, timeout=300, **kw):
@@ -234,7 +235,7 @@ def test_logs_are_never_written_through_a_symbolic_link(tiny_model, tmp_path, ca
     (tmp_path / "logs").mkdir()
     os.symlink(victim, tmp_path / "logs" / f"r.{which}")
     code, _, err = cli(capsys, *flags(tmp_path, tiny_model, "--log_samples"))
-    assert code == 2 and len(err) == 1 and "is a symbolic link: logs are never written through one" in err[0]
+    assert code == 2 and len(err) == 1 and "is a symbolic link: this script never writes through one" in err[0]
     assert victim.read_text() == "someone's file\n"
     with pytest.raises(tg.RunError, match="could not write"):           # a link made after the checks: no write
         with tg.open_log(str(tmp_path / "logs" / f"r.{which}"), "at") as f:
