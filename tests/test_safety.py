@@ -243,6 +243,17 @@ def test_logs_are_never_written_through_a_symbolic_link(tiny_model, tmp_path, ca
     assert victim.read_text() == "someone's file\n"
 
 
+def test_a_run_folder_reached_through_a_link_is_refused(tiny_model, tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "out").mkdir()
+    os.symlink(elsewhere, tmp_path / "out" / "r")                        # out/r/final would land in `elsewhere`
+    code, _, err = cli(capsys, *flags(tmp_path, tiny_model))
+    assert code == 2 and err == [f"error: --run_name='r' is invalid: {tmp_path / 'out' / 'r'} is a symbolic link: "
+                                 "this script never writes through one"]
+    assert os.listdir(elsewhere) == []
+
+
 # ------------------------------------------------------------------ 3. no earlier run lost
 def test_a_rerun_with_the_same_name_refuses_and_keeps_the_earlier_run(run, tiny_model, capsys):
     before = snapshot(run)
