@@ -23,7 +23,7 @@ import contextlib, copy, functools, gzip, hashlib, importlib.util, inspect, json
 import sys, time, weakref, zlib
 from dataclasses import asdict, dataclass, field, replace
 from shlex import quote as shlex_quote
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -453,23 +453,31 @@ AGGREGATE = {  # how per-token losses [B, T] become one number
     "max_len": lambda x, m, cfg: (x * m).sum() / (m.shape[0] * cfg.max_new_tokens),    # Dr.GRPO: no length bias
     "seq_sum": lambda x, m, cfg: (x * m).sum(1).mean(),                                # REINFORCE: sum_t logpi
 }
-OBJECTIVES = {  # name: (loss function, token aggregation, default advantage)
-    "grpo": (clipped_surrogate, "seq_mean", "zscore"),
-    "dr_grpo": (clipped_surrogate, "max_len", "mean"),
-    "dapo": (clipped_surrogate, "token_mean", "zscore"),
-    "gspo": (gspo, "seq_mean", "zscore"),
-    "cispo": (cispo, "token_mean", "zscore"),
-    "reinforce": (reinforce, "seq_sum", "none"),
-    "rloo": (reinforce, "seq_sum", "rloo"),
-    "ppo": (ppo, "token_mean", "gae"),
-    "online_dpo": (online_dpo, "seq_mean", "zscore"),
+class Objective(NamedTuple):  # a row of OBJECTIVES: the loss and what it needs from the rest of the step
+    loss: Callable               # (minibatch, cfg, agg) -> (loss, stats)
+    agg: str                     # how per-token losses average: a key of AGGREGATE
+    advantage: str               # its advantage unless --advantage says otherwise: a key of ADVANTAGES
+    clips: str = "both"          # the ratio clip it reads: both (--clip_eps, --clip_eps_high) | high | none
+    critic: bool = False         # a value head: token advantages from GAE (--gamma, --lam, --vf_coef, --vf_clip)
+    pairs: bool = False          # compares samples of a group: minibatches keep groups whole; its KL is built in
+
+OBJECTIVES = {  # a new objective: one function above and one row here
+    "grpo": Objective(clipped_surrogate, "seq_mean", "zscore"),
+    "dr_grpo": Objective(clipped_surrogate, "max_len", "mean"),
+    "dapo": Objective(clipped_surrogate, "token_mean", "zscore"),
+    "gspo": Objective(gspo, "seq_mean", "zscore"),
+    "cispo": Objective(cispo, "token_mean", "zscore", clips="high"),
+    "reinforce": Objective(reinforce, "seq_sum", "none", clips="none"),
+    "rloo": Objective(reinforce, "seq_sum", "rloo", clips="none"),
+    "ppo": Objective(ppo, "token_mean", "gae", critic=True),
+    "online_dpo": Objective(online_dpo, "seq_mean", "zscore", clips="none", pairs=True),
 }
 
 def policy_loss(b, cfg):
     """The objective, plus beta*KL in the loss (if placed there) and the entropy bonus, with the same averaging."""
-    fn, agg_name, _ = OBJECTIVES[cfg.objective]
-    agg = lambda x: AGGREGATE[agg_name](x, b["mask"], cfg)
-    loss, stats = fn(b, cfg, agg)
+    objective = OBJECTIVES[cfg.objective]
+    agg = lambda x: AGGREGATE[objective.agg](x, b["mask"], cfg)
+    loss, stats = objective.loss(b, cfg, agg)
     if cfg.kl_placement == "loss":                                                      # + beta * k(logpi - logpi_ref)
         loss = loss + cfg.beta * agg(KL_ESTIMATORS[cfg.kl_estimator](b["lp"] - b["ref_lp"]))
     if cfg.entropy_coef:                                                                # - c * H(pi(.|y_<t))
@@ -491,7 +499,7 @@ def train(cfg: "Config", reward_fn=None, messages=None):
     acc, tok, model, ref, opt, log = setup(cfg)                            # §9: accelerator, policy, reference, AdamW
     task = make_task(cfg, reward_fn, messages)                             # §2's TASKS, or a file of yours (§9)
     eos, pad_id, G = eos_ids(tok, unwrap(model)), tok.pad_token_id, cfg.group_size
-    N = cfg.prompts_per_step * G                                           # completions per step and process
+    N, critic = cfg.prompts_per_step * G, OBJECTIVES[cfg.objective].critic  # completions a step and process; ppo
     single_update = cfg.inner_epochs == 1 and cfg.minibatch_size == N     # mu = 1: pi_old = pi_theta (departure 5)
     coef, bad, step = cfg.entropy_coef, 0, log.start - 1             # the entropy bonus's coefficient, failed updates
     for step in tqdm(range(log.start, cfg.num_steps), initial=log.start, total=cfg.num_steps, desc="GRPO",
@@ -521,7 +529,7 @@ def train(cfg: "Config", reward_fn=None, messages=None):
             ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, cfg.temperature, entropy=None,
                                                              attn=attn)[0]
         with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is phase 5's
-            now = token_logprobs(model, seqs, P, mask, cfg.temperature, cfg.objective == "ppo", entropy="grad" if
+            now = token_logprobs(model, seqs, P, mask, cfg.temperature, critic, entropy="grad" if
                                  single_update and (cfg.entropy_coef or cfg.entropy_target) else "value", attn=attn)
         old_lp, ent, old_values = (x.detach() if x is not None else None for x in now)     # [N, T] each
         kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
@@ -532,7 +540,7 @@ def train(cfg: "Config", reward_fn=None, messages=None):
         C = reward_columns(parts, shaping, truncated, cfg).to(R.device).unflatten(0, (-1, G))  # [P, G, K]
         R_learn = C.sum(-1).flatten()                                                      # [N] R + shaping
         A, returns = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C).flatten(), None  # [N]
-        if cfg.objective == "ppo":                                                         # per token, from a critic
+        if critic:                                                                         # per token, from a critic
             A, returns = ppo_advantages(R_learn, kl_tok, old_values, mask, cfg, lambda x: gather_rows(acc, x))
 
         # ---- 5. Update: mu epochs over minibatches, one clipped AdamW step each
@@ -596,14 +604,14 @@ def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
     N, G, stats, losses, norms, skipped = len(batch["seqs"]), cfg.group_size, [], [], [], 0
     for epoch in range(cfg.inner_epochs):
         perm = (torch.arange(N) if cached is not None else  # the first minibatch reuses the log-prob forward
-                (torch.randperm(N // G)[:, None] * G + torch.arange(G)).flatten() if cfg.objective == "online_dpo"
+                (torch.randperm(N // G)[:, None] * G + torch.arange(G)).flatten() if OBJECTIVES[cfg.objective].pairs
                 else torch.randperm(N))                     # online_dpo pairs within a group: groups stay whole
         for s in range(0, N, cfg.minibatch_size):
             idx = perm[s:s + cfg.minibatch_size].to(batch["seqs"].device)
             b = {k: v[idx] if v is not None else None for k, v in batch.items()}
             with acc.autocast():
                 b["lp"], b["entropy"], b["values"] = cached if cached is not None else token_logprobs(
-                    model, b["seqs"], n_prompt, b["mask"], cfg.temperature, cfg.objective == "ppo",
+                    model, b["seqs"], n_prompt, b["mask"], cfg.temperature, OBJECTIVES[cfg.objective].critic,
                     entropy="grad" if cfg.entropy_coef or cfg.entropy_target else "value", attn=b["attn"])
                 cached = None                                                   # its graph is used once, then freed
                 loss, st = policy_loss(b, cfg)
@@ -745,7 +753,7 @@ def bundled_gguf():
 def token_share(acc, mask, cfg):
     """DDP averages gradients over processes, so a per-process token mean would weight each process's tokens by 1/its
     own count. Scaling by (own tokens * processes / all tokens) makes it the token mean over every process's tokens."""
-    if OBJECTIVES[cfg.objective][1] != "token_mean" or acc.num_processes == 1:
+    if OBJECTIVES[cfg.objective].agg != "token_mean" or acc.num_processes == 1:
         return 1.0
     return mask.sum() * acc.num_processes / acc.gather(mask.sum().reshape(1)).sum().clamp(min=1)
 
@@ -760,7 +768,7 @@ def preset_for(model, cuda):
 def resolve(cfg: Config, cuda: bool) -> Config:
     """Fill the None fields: the objective's defaults (and its own advantage) first, then the model's preset, then
     plain fallbacks."""
-    own = OBJECTIVES[cfg.objective][2] if cfg.objective in OBJECTIVES else "zscore"
+    own = OBJECTIVES[cfg.objective].advantage if cfg.objective in OBJECTIVES else "zscore"
     cfg.preset = preset_for(cfg.model, cuda) if cfg.preset is None else cfg.preset  # '' stays: validate says no
     for src in (OBJECTIVE_DEFAULTS.get(cfg.objective, {}) | ({} if own == "zscore" else {"advantage": own}),
                 PRESETS.get(cfg.preset, {})):
@@ -769,7 +777,7 @@ def resolve(cfg: Config, cuda: bool) -> Config:
                 setattr(cfg, k, v)
     cfg.kl_placement = "reward" if cfg.kl_placement is None else cfg.kl_placement
     if cfg.advantage is None:
-        cfg.advantage = OBJECTIVES[cfg.objective][2] if cfg.objective in OBJECTIVES else None
+        cfg.advantage = OBJECTIVES[cfg.objective].advantage if cfg.objective in OBJECTIVES else None
     cfg.clip_eps = 0.2 if cfg.clip_eps is None else cfg.clip_eps
     cfg.clip_eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
     if cfg.minibatch_size is None and None not in (cfg.prompts_per_step, cfg.group_size):  # (an unknown --preset:
@@ -837,7 +845,7 @@ def setup(cfg):
                                 cfg.trust_remote_code)
     except Exception as err:  # what validate could not see without reading the weights (cut short, damaged)
         raise RunError(f"--model={cfg.model} could not be loaded: {one_line(err)}") from None
-    if cfg.objective == "ppo":  # a value head on the last hidden state, starting at V = 0
+    if OBJECTIVES[cfg.objective].critic:  # a value head on the last hidden state, starting at V = 0
         model.v_head = torch.nn.Linear(model.config.hidden_size, 1)
         torch.nn.init.zeros_(model.v_head.weight), torch.nn.init.zeros_(model.v_head.bias)
     if cfg.gradient_checkpointing:  # renamed activation_checkpointing_enable in transformers 5.23
@@ -882,7 +890,7 @@ def chat_prompt(tok, messages, model, cfg):  # [1, P] the chat's token ids; the 
     return ids["input_ids"]
 
 def needs_reference(cfg):
-    return cfg.beta > 0 and (cfg.kl_placement != "none" or cfg.objective == "online_dpo")
+    return cfg.beta > 0 and (cfg.kl_placement != "none" or OBJECTIVES[cfg.objective].pairs)
 
 def match_dtypes(ref, policy):
     """Each reference tensor takes the dtype of the policy's tensor of the same name. DeepSpeed bf16 casts the policy's
@@ -931,7 +939,8 @@ def validate(cfg: Config):
     for names, ok, allowed in RULES:
         for name in names.split():
             need(ok(getattr(cfg, name)), name, allowed)
-    need(cfg.clip_eps < 1 or cfg.objective == "cispo", "clip_eps", "must be < 1 (a ratio below 0 is meaningless)")
+    objective = OBJECTIVES[cfg.objective]
+    need(cfg.clip_eps < 1 or objective.clips != "both", "clip_eps", "must be < 1 (a ratio below 0 is meaningless)")
     need(cfg.temperature >= 1e-4, "temperature", "must be >= 1e-4 (logits / T must stay finite in float32)")
     need(cfg.task in TASKS or cfg.task.endswith(".jsonl"), "task", f"choose {', '.join(TASKS)} or a .jsonl file")
     task = TASKS[cfg.task](cfg) if cfg.task in TASKS else file_task(cfg)      # a file's bad line: one line here
@@ -939,11 +948,11 @@ def validate(cfg: Config):
     need(batch <= 2 ** 20, "group_size", f"prompts_per_step*group_size = {batch}: at most 2**20 completions a step")
     need(cfg.max_new_tokens <= 2 ** 20, "max_new_tokens", "must be at most 2**20")
     need(batch % cfg.minibatch_size == 0, "minibatch_size", f"must divide prompts_per_step*group_size = {batch}")
-    if cfg.objective == "online_dpo":
+    if objective.pairs:
         need(cfg.minibatch_size % cfg.group_size == 0, "minibatch_size",
-             f"online_dpo pairs samples within a group: use a multiple of group_size = {cfg.group_size}")
-        need(cfg.kl_placement == "none", "kl_placement", "online_dpo has its KL built in: use none")
-        need(cfg.beta > 0, "beta", "online_dpo needs beta > 0 (its DPO temperature)")
+             f"{cfg.objective} pairs samples within a group: use a multiple of group_size = {cfg.group_size}")
+        need(cfg.kl_placement == "none", "kl_placement", f"{cfg.objective} has its KL built in: use none")
+        need(cfg.beta > 0, "beta", f"{cfg.objective} needs beta > 0 (its temperature)")
     need(cfg.report_to == "none" or importlib.util.find_spec(cfg.report_to), "report_to",
          f"`pip install {cfg.report_to}` first")
     for name in ("output_dir", "log_dir"):
@@ -1078,16 +1087,19 @@ def one_line(err):
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 IGNORED = [  # (flags, when they would do nothing, why): a flag you pass must act, or the run stops before it starts
-    ("advantage", lambda c: c.objective in ("ppo", "online_dpo"), "ppo's advantages come from GAE (--gamma, --lam), "
-     "online_dpo compares the best and the worst sample"),
-    ("gamma lam vf_coef vf_clip", lambda c: c.objective != "ppo", "only --objective ppo has a value head"),
-    ("clip_eps clip_eps_high", lambda c: c.objective in ("reinforce", "rloo", "online_dpo"), "this objective has no "
-     "ratio to clip"),
-    ("clip_eps", lambda c: c.objective == "cispo", "cispo caps the ratio from above only (--clip_eps_high)"),
+    ("advantage", lambda c: OBJECTIVES[c.objective].critic or OBJECTIVES[c.objective].pairs, "this objective's "
+     "advantages come from its critic (GAE: --gamma, --lam) or from comparing the best and the worst sample"),
+    ("gamma lam vf_coef vf_clip", lambda c: not OBJECTIVES[c.objective].critic, "only an objective with a critic "
+     "(ppo) has a value head"),
+    ("clip_eps clip_eps_high", lambda c: OBJECTIVES[c.objective].clips == "none", "this objective has no ratio to "
+     "clip"),
+    ("clip_eps", lambda c: OBJECTIVES[c.objective].clips == "high", "this objective caps the ratio from above only "
+     "(--clip_eps_high)"),
     ("kl_estimator", lambda c: c.kl_placement == "none" or c.beta == 0, "there is no KL term (--kl_placement none "
      "or --beta 0)"),
     ("kl_placement", lambda c: c.beta == 0, "with --beta 0 there is no KL term"),
-    ("beta", lambda c: c.kl_placement == "none" and c.objective != "online_dpo", "--kl_placement none: no KL term"),
+    ("beta", lambda c: c.kl_placement == "none" and not OBJECTIVES[c.objective].pairs, "--kl_placement none: no KL "
+     "term"),
     ("ref_update_every", lambda c: not needs_reference(c), "there is no reference model (no KL term)"),
     ("entropy_step entropy_coef_max", lambda c: not c.entropy_target, "only the adaptive bonus (--entropy_target > 0) "
      "moves the coefficient"),

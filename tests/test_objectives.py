@@ -231,3 +231,23 @@ def test_advantages_are_per_group():
         z = (R[g] - R[g].mean()) / R[g].std()
         loo = torch.stack([kl[g, i] - (kl[g].sum() - kl[g, i]) / 2 for i in range(3)])
         torch.testing.assert_close(A[g], z - 0.1 * loo, rtol=1e-12, atol=1e-14)
+
+
+def test_a_new_objective_is_one_function_and_one_registry_row(tiny_model, tmp_path, monkeypatch):
+    """Register a policy gradient with a token mean and no clip: the flag accepts it, its row's needs drive the checks
+    (--clip_eps does nothing here: its row says it has no ratio) and the run trains with it, nothing else edited."""
+    import json
+
+    def token_pg(b, cfg, agg):  # -A logpi(y_t), averaged over every token of the minibatch
+        return agg(-b["adv"][:, None] * b["lp"]), {"pg/calls": 1.0}
+    monkeypatch.setitem(tg.OBJECTIVES, "token_pg", tg.Objective(token_pg, "token_mean", "mean", clips="none"))
+    flags = ["--model", tiny_model, "--objective", "token_pg", "--group_size", "4", "--max_new_tokens", "6",
+             "--num_steps", "2", "--output_dir", str(tmp_path / "out"), "--log_dir", str(tmp_path), "--run_name", "pg",
+             "--eval_size", "0"]
+    with pytest.raises(tg.ConfigError, match="--clip_eps=0.1 does nothing here: this objective has no ratio"):
+        tg.parse_config(flags + ["--clip_eps", "0.1"], cuda=False)
+    cfg = tg.parse_config(flags, cuda=False)
+    assert cfg.advantage == "mean"                                       # the row's own advantage
+    tg.train(cfg, reward_fn=lambda text: sum(map(ord, text)) % 7 / 7)    # a reward that varies in a group
+    rows = [json.loads(ln) for ln in open(tmp_path / "pg.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1] and all(r["pg/calls"] == 1.0 and r["optim/grad_norm"] > 0 for r in rows)
