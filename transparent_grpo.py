@@ -114,18 +114,20 @@ class Piecewise:  # f(x) = ax+c if x > k;  x-m if -k <= x <= k;  sx-b if x < -k.
         k = self.k
         rows = [f"ax+{self.c}, &\\text{{ if }}x>{k},", f"x-{self.m} &\\text{{ if }} -{k} \\le x \\le {k},",
                 f"{self.s}x-b &\\text{{ if }} x <-{k}."]
-        return ("Let \\[f(x) = \\left\\{\\begin{array}{cl} " + " \\\\ ".join(rows) + " \\end{array}\\right.\\]Find $a+b$ "
-                "if the piecewise function is continuous (which means that its graph can be drawn without lifting your "
-                "pencil from the paper).")
+        return ("Let \\[f(x) = \\left\\{\\begin{array}{cl} " + " \\\\ ".join(rows) + " \\end{array}\\right.\\]"
+                "Find $a+b$ if the piecewise function is continuous (which means that its graph can be drawn without "
+                "lifting your pencil from the paper).")
 
     @property
     def solution(self):  # every step that its credit table pays, in order (the worked examples' text)
         k, c, m, s, a, b = self.k, self.c, self.m, self.s, self.a, self.b
-        return (f"The function must be continuous at x = {k} and x = -{k}.\nAt x = {k}: the right piece is {k}a + {c} and"
-                f" the middle piece is {k} - {m} = {k - m}. So {k}a + {c} = {k - m}, {k}a = {k - m - c}, a = {a}.\nAt x ="
-                f" -{k}: the left piece is {s}(-{k}) - b = {-s * k} - b and the middle piece is -{k} - {m} = {-k - m}. So "
-                f"{-s * k} - b = {-k - m}, -b = {s * k - k - m}, b = {b}.\nSo a + b = {a} {'+-'[b < 0]} {abs(b)} = {a + b},"
-                f" and the answer is \\boxed{{{a + b}}}.")
+        return (f"The function must be continuous at x = {k} and x = -{k}.\n"
+                f"At x = {k}: the right piece is {k}a + {c} and the middle piece is {k} - {m} = {k - m}. "
+                f"So {k}a + {c} = {k - m}, {k}a = {k - m - c}, a = {a}.\n"
+                f"At x = -{k}: the left piece is {s}(-{k}) - b = {-s * k} - b and the middle piece is "
+                f"-{k} - {m} = {-k - m}. "
+                f"So {-s * k} - b = {-k - m}, -b = {s * k - k - m}, b = {b}.\n"
+                f"So a + b = {a} {'+-'[b < 0]} {abs(b)} = {a + b}, and the answer is \\boxed{{{a + b}}}.")
 
 TOY = Piecewise(k=2, c=3, m=5, s=2)   # the problem: a = -3 (2a+3 = -3), b = 3 (-4-b = -7), a+b = 0
 PROBLEM = TOY.statement
@@ -140,8 +142,8 @@ def split(p):  # by construction, never by a seed: the examples, the problem, th
     held = hashlib.sha256(f"{p.k},{p.c},{p.m},{p.s}".encode()).digest()[0] < 64  # stable on every machine
     return "held_out" if held and p != TOY else "train"
 
-HELD_OUT = sorted((p for p in FAMILY if split(p) == "held_out"), key=lambda p: hashlib.sha256(p.statement.encode())
-                  .digest())                                         # in a fixed shuffled order: --eval_size the first N
+HELD_OUT = sorted((p for p in FAMILY if split(p) == "held_out"),  # in a fixed shuffled order: --eval_size the first N
+                  key=lambda p: hashlib.sha256(p.statement.encode()).digest())
 TRAIN = [p for p in FAMILY if split(p) == "train"]                 # what --task family draws from
 
 # A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a", "2b - b") or on
@@ -204,7 +206,8 @@ def final_boxed(text):  # the one number every \boxed{} holds (`\boxed{3} or \bo
 def credits(text: str, p: Piecewise = TOY) -> dict:
     """{step: the weight it earned (0 if not)} for each step of p's credit table, in the completion cut at its EOS."""
     text = tidy(text)
-    return {name: w * bool(test(text) if callable(test) else re.search(test, text)) for w, name, test in credit_table(p)}
+    return {name: w * bool(test(text) if callable(test) else re.search(test, text))
+            for w, name, test in credit_table(p)}
 
 def toy_reward(text: str, p: Piecewise = TOY) -> float:
     """Partial credit in [0, 1]: the sum of the weights of the steps stated correctly."""
@@ -283,7 +286,8 @@ def sample(model, prompt_ids, n, cfg, eos, pad_id):
 
 def rollout(model, prompts, G, cfg, eos, pad_id):
     """G completions of each prompt ([1, P_i] each) as one batch: seqs [N, P+T], each prompt left-padded to the longest
-    (attn [N, P+T]: 0 on those pads; None when every prompt is the same, sampled in one call), completions right-padded."""
+    (attn [N, P+T]: 0 on those pads; None when every prompt is the same, sampled in one call), completions
+    right-padded."""
     if all(torch.equal(p, prompts[0]) for p in prompts):
         return sample(model, prompts[0], len(prompts) * G, cfg, eos, pad_id).clone(), None, prompts[0].shape[1]
     groups = [sample(model, p, G, cfg, eos, pad_id) for p in prompts]                  # [G, P_i + T_i] each
@@ -710,14 +714,17 @@ def read_rows(path, what):
 
 def file_task(cfg):
     """--task file.jsonl: a group per row, the reward from its answer (boxed_reward); the held-out rows are chosen by a
-    hash of the row's prompt and answer (a stable share --eval_fraction, never a seed offset) or come from --eval_file."""
+    hash of the row's prompt and answer (a stable share --eval_fraction, never a seed offset) or come from
+    --eval_file."""
     rows = read_rows(cfg.task, "--task")
-    held = lambda r: hashlib.sha256(json.dumps([r["prompt"], r["answer"]]).encode()).digest()[0] < 256 * cfg.eval_fraction
+    digest = lambda r: hashlib.sha256(json.dumps([r["prompt"], r["answer"]]).encode()).digest()
+    held = lambda r: digest(r)[0] < 256 * cfg.eval_fraction
     train = rows if cfg.eval_file else [r for r in rows if not held(r)]
     held_out = read_rows(cfg.eval_file, "--eval_file") if cfg.eval_file else [r for r in rows if held(r)]
     if len(train) < cfg.prompts_per_step:
         raise ConfigError(f"--task={cfg.task!r} is invalid: {len(train)} training rows after the held-out split "
-                          f"(--eval_fraction {cfg.eval_fraction}), fewer than --prompts_per_step {cfg.prompts_per_step}")
+                          f"(--eval_fraction {cfg.eval_fraction}), fewer than --prompts_per_step "
+                          f"{cfg.prompts_per_step}")
     chat = lambda r: [*([{"role": "system", "content": r["system"]}] if r.get("system") else []),
                       *({"role": role, "content": text} for q, s in r.get("examples", []) for role, text in
                         (("user", q), ("assistant", s))), {"role": "user", "content": str(r["prompt"])}]
@@ -847,11 +854,13 @@ def setup(cfg):
         raise RunError(f"--model={cfg.model} could not be loaded: {one_line(err)}") from None
     if OBJECTIVES[cfg.objective].critic:  # a value head on the last hidden state, starting at V = 0
         model.v_head = torch.nn.Linear(model.config.hidden_size, 1)
-        torch.nn.init.zeros_(model.v_head.weight), torch.nn.init.zeros_(model.v_head.bias)
+        torch.nn.init.zeros_(model.v_head.weight)
+        torch.nn.init.zeros_(model.v_head.bias)
     if cfg.gradient_checkpointing:  # renamed activation_checkpointing_enable in transformers 5.23
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     ref = copy.deepcopy(model).eval().requires_grad_(False) if needs_reference(cfg) else None
-    not cuda and precision == "no" and lean_mlps(model)                  # CPU without autocast: leaner MLP activations
+    if not cuda and precision == "no":                                   # CPU without autocast: leaner MLP activations
+        lean_mlps(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0, foreach=False, fused=cuda)
     if acc.distributed_type == DistributedType.DEEPSPEED:  # no dataloader to infer these from; 0 = no clipping
         ds = acc.state.deepspeed_plugin.deepspeed_config
@@ -877,7 +886,8 @@ def setup(cfg):
             go()
         except Exception as err:  # a corrupt or foreign checkpoint, a tracker without login or network
             raise RunError(f"{what}: {one_line(err)}") from None
-    resume and log.say(f"resumed from {resume} at step {log.start}")
+    if resume:
+        log.say(f"resumed from {resume} at step {log.start}")
     return acc, tok, model, ref, opt, log
 
 def chat_prompt(tok, messages, model, cfg):  # [1, P] the chat's token ids; the context must hold P + max_new_tokens
@@ -964,7 +974,8 @@ def validate(cfg: Config):
     if cfg.task not in TASKS and context:  # a file's rows: each chat must leave room for --max_new_tokens
         tok = tokenizer_of(cfg.model, cfg.trust_remote_code)
         for x in task.train + task.held_out:
-            P = len(tok.apply_chat_template(task.messages(x), add_generation_prompt=True, return_dict=True)["input_ids"])
+            chat = tok.apply_chat_template(task.messages(x), add_generation_prompt=True, return_dict=True)
+            P = len(chat["input_ids"])
             need(P + cfg.max_new_tokens <= context, "task", f"line {x['line']}'s prompt is {P} tokens: with "
                  f"--max_new_tokens {cfg.max_new_tokens} it exceeds the context window of {context} tokens")
 
@@ -1086,15 +1097,16 @@ def one_line(err):
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
-IGNORED = [  # (flags, when they would do nothing, why): a flag you pass must act, or the run stops before it starts
-    ("advantage", lambda c: OBJECTIVES[c.objective].critic or OBJECTIVES[c.objective].pairs, "this objective's "
-     "advantages come from its critic (GAE: --gamma, --lam) or from comparing the best and the worst sample"),
-    ("gamma lam vf_coef vf_clip", lambda c: not OBJECTIVES[c.objective].critic, "only an objective with a critic "
-     "(ppo) has a value head"),
-    ("clip_eps clip_eps_high", lambda c: OBJECTIVES[c.objective].clips == "none", "this objective has no ratio to "
-     "clip"),
-    ("clip_eps", lambda c: OBJECTIVES[c.objective].clips == "high", "this objective caps the ratio from above only "
-     "(--clip_eps_high)"),
+IGNORED = [  # (flags, when they would do nothing, why (or why(cfg))): a flag you pass must act, or the run stops
+    ("advantage", lambda c: OBJECTIVES[c.objective].critic or OBJECTIVES[c.objective].pairs,
+     lambda c: f"{c.objective}'s advantages come from " + ("GAE (--gamma, --lam)" if OBJECTIVES[c.objective].critic
+                                                            else "comparing the best and the worst sample")),
+    ("gamma lam vf_coef vf_clip", lambda c: not OBJECTIVES[c.objective].critic,
+     lambda c: "only --objective " + " or ".join(k for k, o in OBJECTIVES.items() if o.critic) + " has a value head"),
+    ("clip_eps clip_eps_high", lambda c: OBJECTIVES[c.objective].clips == "none", lambda c: f"{c.objective} has no "
+     "ratio to clip"),
+    ("clip_eps", lambda c: OBJECTIVES[c.objective].clips == "high", lambda c: f"{c.objective} caps the ratio from above"
+     " only (--clip_eps_high)"),
     ("kl_estimator", lambda c: c.kl_placement == "none" or c.beta == 0, "there is no KL term (--kl_placement none "
      "or --beta 0)"),
     ("kl_placement", lambda c: c.beta == 0, "with --beta 0 there is no KL term"),
@@ -1117,7 +1129,8 @@ def check_combinations(cfg, given):
     for names, idle, why in IGNORED:
         for name in set(names.split()) & given:
             if idle(cfg):
-                raise ConfigError(f"--{name}={getattr(cfg, name)!r} does nothing here: {why}")
+                raise ConfigError(f"--{name}={getattr(cfg, name)!r} does nothing here: "
+                                  f"{why(cfg) if callable(why) else why}")
 
 def flag_error(message):
     """argparse's complaint (a wrong type, a missing value) as one line in this script's words, not its usage dump."""
@@ -1138,7 +1151,10 @@ def parse_config(argv=None, cuda=None) -> Config:
     from transformers import HfArgumentParser
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = HfArgumentParser(Config, allow_abbrev=False)                   # --gam is no --gamma
-    parser.error = lambda message: (_ for _ in ()).throw(ConfigError(flag_error(message)))
+
+    def error(message):  # argparse would print its usage and exit: one line instead
+        raise ConfigError(flag_error(message))
+    parser.error = error
     try:
         (cfg,) = parser.parse_args_into_dataclasses(args=argv)
     except ConfigError:
@@ -1240,7 +1256,8 @@ def generate_many(model, prompts, k, cfg, eos, pad_id, greedy=False, rows=32):
         attn = F.pad(torch.arange(S, device=ids.device) >= S - rest[:, None], (L, 0), value=True).long()  # [r, L+S]
         pos = (attn.cumsum(1) - 1).clamp(min=0)[:, L:]                                  # [r, S] past the pads
         cache = rows_cache(prefix, len(batch), S + cfg.max_new_tokens) if L else None
-        tokens, live = ids.new_full((len(batch), cfg.max_new_tokens), pad_id), torch.arange(len(batch), device=ids.device)
+        tokens = ids.new_full((len(batch), cfg.max_new_tokens), pad_id)                # [r, T] pad after EOS
+        live = torch.arange(len(batch), device=ids.device)                              # [live] rows still going
         now = model(input_ids=ids, attention_mask=attn, position_ids=pos, **cache_arg(model, cache), use_cache=True,
                     logits_to_keep=1)
         cache, logits, pos = kv_cache(now), now.logits[:, -1], pos[:, -1:] + 1          # [r, V], [r, 1]
@@ -1672,11 +1689,13 @@ def after_step(acc, log, cfg, step, batch, kl_seq, ent, truncated, texts, parts,
     m["instances"] = [asdict(x) if isinstance(x, Piecewise) else x.get("line") if isinstance(x, dict) else None
                       for x in gather_object(batch["instances"])]  # what each group's prompt was
     log.write(log.jsonl, json.dumps(m))                                 # one JSON row per step, one readable line
-    cfg.log_samples and log.write(log.samples, json.dumps({"step": step, "reward": batch["R"].tolist(), "text": texts}))
+    if cfg.log_samples:
+        log.write(log.samples, json.dumps({"step": step, "reward": batch["R"].tolist(), "text": texts}))
     log.say(f"step {step:>4}/{cfg.num_steps} | reward {m['reward/mean']:.3f} (max {m['reward/max']:.2f}) | kl "
             f"{m.get('kl/k1', 0):.4f} | entropy {m['entropy']:.3f} | len {m['completion/len_mean']:.0f} | clip "
             f"{m.get('clip/frac', 0):.3f} | gnorm {m['optim/grad_norm']:.2f} | {m['time/step']:.1f}s")
-    cfg.report_to != "none" and acc.log(m, step=step)
+    if cfg.report_to != "none":
+        acc.log(m, step=step)
     if step % 5 == 0 or last:
         best = int(batch["R"].argmax())
         log.write(log.text, f"best sample of step {step} (reward {batch['R'][best].item():.2f}): {texts[best]!r}")

@@ -244,7 +244,7 @@ def test_a_new_objective_is_one_function_and_one_registry_row(tiny_model, tmp_pa
     flags = ["--model", tiny_model, "--objective", "token_pg", "--group_size", "4", "--max_new_tokens", "6",
              "--num_steps", "2", "--output_dir", str(tmp_path / "out"), "--log_dir", str(tmp_path), "--run_name", "pg",
              "--eval_size", "0"]
-    with pytest.raises(tg.ConfigError, match="--clip_eps=0.1 does nothing here: this objective has no ratio"):
+    with pytest.raises(tg.ConfigError, match="--clip_eps=0.1 does nothing here: token_pg has no ratio"):
         tg.parse_config(flags + ["--clip_eps", "0.1"], cuda=False)
     cfg = tg.parse_config(flags, cuda=False)
     assert cfg.advantage == "mean"                                       # the row's own advantage
