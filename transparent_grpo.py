@@ -577,31 +577,37 @@ def evaluate(acc, model, tok, task, cfg, eos, pad_id, step):
     at the training temperature and pass@k (their own seed: the run's samples stay as they would be without them)."""
     if not cfg.eval_size or not task.held_out:
         return {}
-    t0, was_training = time.time(), model.training
+    t0, was_training, k = time.time(), model.training, cfg.eval_samples
     mine = task.held_out[:cfg.eval_size][acc.process_index::acc.num_processes]       # this process's share
-    prompts = [chat_prompt(tok, task.messages(x), model, cfg)[0].to(acc.device) for x in mine]  # [P_i] each
-    model.eval()
-    with acc.autocast():
-        seqs = generate_many(unwrap(model), prompts, 1, cfg, eos, pad_id, greedy=True)  # [n, T]
-        texts, mask, cut = decode(tok, seqs, eos)
-        parts = [task.score(t, x) for t, x in zip(texts, mine)]                          # [n] {part: reward}
-        sums = {"accuracy": sum(task.correct(t, x) for t, x in zip(texts, mine)), "truncated_frac": cut.sum(),
-                "reward": sum(sum(p.values()) for p in parts), "len_mean": mask.sum(),
-                **{f"credit/{k}": sum(p[k] > 0 for p in parts) for k in (parts[0] if parts else {})}}
-        if cfg.eval_samples:
-            k = cfg.eval_samples
-            with torch.random.fork_rng(devices=[acc.device] if acc.device.type == "cuda" else []):
-                torch.manual_seed(seed_of("eval", cfg.seed, step, acc.process_index))
-                texts = decode(tok, generate_many(unwrap(model), prompts, k, cfg, eos, pad_id), eos)[0]  # [n*k]
-            right = torch.tensor([float(task.correct(t, x)) for t, x in zip(texts, (x for x in mine for _ in
-                                                                                    range(k)))]).view(-1, k)  # [n, k]
-            sums.update({"sampled_accuracy": right.mean(1).sum(), f"pass@{k}": right.max(1).values.sum()})
-    model.train(was_training)
-    keys = sorted(sums)
-    totals = acc.gather(torch.tensor([[float(sums[k]) for k in keys] + [len(mine)]], dtype=torch.float64,
-                                     device=acc.device)).sum(0)                       # [K + 1] over processes
-    return {**{f"eval/{k}": (totals[i] / totals[-1].clamp(min=1)).item() for i, k in enumerate(keys)},
-            "eval/n": int(totals[-1]), "eval/time": time.time() - t0}
+    parts = list(task.score("", task.held_out[0]))                                    # the reward's parts, as named
+    sums = dict.fromkeys(["accuracy", "reward", "len_mean", "truncated_frac", *(f"credit/{p}" for p in parts),
+                          *(["sampled_accuracy", f"pass@{k}"] if k else [])], 0.0)   # the same keys on every process
+    if mine:
+        prompts = [chat_prompt(tok, task.messages(x), model, cfg)[0].to(acc.device) for x in mine]  # [P_i] each
+        model.eval()
+        with acc.autocast():
+            texts, mask, cut = decode(tok, generate_many(unwrap(model), prompts, 1, cfg, eos, pad_id, greedy=True),
+                                      eos)                                            # [n], [n, T], [n]
+            for text, x in zip(texts, mine):
+                score = task.score(text, x)
+                sums["accuracy"] += task.correct(text, x)
+                sums["reward"] += sum(score.values())
+                for p in parts:
+                    sums[f"credit/{p}"] += score[p] > 0
+            sums["len_mean"], sums["truncated_frac"] = mask.sum().item(), cut.sum().item()
+            if k:
+                with torch.random.fork_rng(devices=[acc.device] if acc.device.type == "cuda" else []):
+                    torch.manual_seed(seed_of("eval", cfg.seed, step, acc.process_index))
+                    texts = decode(tok, generate_many(unwrap(model), prompts, k, cfg, eos, pad_id), eos)[0]  # [n*k]
+                right = torch.tensor([float(task.correct(t, x)) for t, x in zip(texts, (x for x in mine
+                                                                                        for _ in range(k)))])
+                right = right.view(-1, k)                                                 # [n, k]
+                sums["sampled_accuracy"] = right.mean(1).sum().item()                   # mean@k, summed
+                sums[f"pass@{k}"] = right.max(1).values.sum().item()                     # any of k right, summed
+        model.train(was_training)
+    totals = acc.gather(torch.tensor([[*sums.values(), len(mine)]], dtype=torch.float64, device=acc.device)).sum(0)
+    return {**{f"eval/{name}": (totals[i] / totals[-1].clamp(min=1)).item() for i, name in enumerate(sums)},
+            "eval/n": int(totals[-1]), "eval/time": time.time() - t0}             # totals: [K + 1] over processes
 
 def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
     """mu epochs of minibatches, one AdamW step each; a non-finite loss or gradient anywhere skips it everywhere."""

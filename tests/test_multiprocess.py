@@ -97,3 +97,23 @@ def test_two_processes_ppo_whitens_over_the_tokens_of_both(tmp_path, tiny_model)
         both = torch.tensor(seen[0][step] + seen[1][step], dtype=torch.float64)
         assert len(seen[0][step]) >= 8 and len(seen[1][step]) >= 8
         assert abs(both.mean().item()) < 1e-5 and abs(both.std().item() - 1) < 1e-5
+
+
+FAMILY_WORKER = r"""
+import sys
+sys.path.insert(0, {root!r})
+import transparent_grpo as tg
+tg.train(tg.parse_config(sys.argv[1:]))
+"""
+
+
+def test_two_processes_train_on_the_family_and_share_the_evaluation(tmp_path, tiny_model):
+    """Each process draws its own instances (all logged) and evaluates its share of the held-out set; with
+    --eval_size 1 the second process has none and still joins the gather: one row, n = 1, pass@2 from one instance."""
+    p = launch(tmp_path, tiny_model, "--task", "family", "--eval_size", "1", "--eval_samples", "2", steps=2,
+               worker_text=FAMILY_WORKER)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    evals = [json.loads(ln) for ln in open(tmp_path / "logs" / "r.eval.jsonl")]
+    assert [r["step"] for r in evals] == [0, 2] and all(r["eval/n"] == 1 and "eval/pass@2" in r for r in evals)
+    drawn = [tuple(x.values()) for r in rows(tmp_path) for x in r["instances"]]
+    assert len(drawn) == 2 * 2 * 2 and len(set(drawn)) > 2               # steps x processes x prompts_per_step
