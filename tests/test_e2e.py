@@ -198,7 +198,8 @@ def test_cpu_default_configuration_two_steps(tmp_path):
     assert [r["step"] for r in evals] == [0, 2] and all(r["eval/n"] == 4 for r in evals) and "eval    0 |" in p.stdout
     config = json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("config: "))[8:])
     preset = tg.PRESETS["smollm2-135m"]
-    assert all(config[k] == v for k, v in preset.items() if k not in ("num_steps", "max_new_tokens", "group_size"))
+    assert all(config[k] == v for k, v in preset.items() if k not in ("num_steps", "max_new_tokens", "group_size",
+                                                                      "eval_size"))
 
 
 # ------------------------------------------------------------------ learning
