@@ -1073,10 +1073,9 @@ def hub_id(name):  # the hub's own rule (no --, .., at most 96 characters, ...)
     except HFValidationError:
         return False
 
-def load_tokenizer(folder, trust):  # the tokenizer of a model folder, or the exception that stopped it
-    from transformers import AutoTokenizer
+def load_tokenizer(folder, trust):  # tokenizer_of(folder), or the exception that stopped it
     try:
-        return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
+        return tokenizer_of(folder, trust)
     except Exception as err:
         return err
 
