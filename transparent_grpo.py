@@ -505,7 +505,7 @@ def train(cfg: "Config", reward_fn=None, messages=None):
     eos, pad_id, G = eos_ids(tok, unwrap(model)), tok.pad_token_id, cfg.group_size
     N, critic = cfg.prompts_per_step * G, OBJECTIVES[cfg.objective].critic  # completions a step and process; ppo
     single_update = cfg.inner_epochs == 1 and cfg.minibatch_size == N     # mu = 1: pi_old = pi_theta (departure 5)
-    coef, bad, step = cfg.entropy_coef, 0, log.start - 1             # the entropy bonus's coefficient, failed updates
+    coef, bad, step = cfg.entropy_coef, 0, log.start - 1   # the entropy bonus's coefficient, failed updates, last step
     for step in tqdm(range(log.start, cfg.num_steps), initial=log.start, total=cfg.num_steps, desc="GRPO",
                      disable=not (acc.is_main_process and sys.stderr.isatty())):
         if step == 0 or cfg.eval_every and step % cfg.eval_every == 0:           # held-out accuracy before the step

@@ -50,7 +50,7 @@ def main():
                 texts += tok.batch_decode([c[:int(n)] for c, n in zip(out, mask.sum(1))], skip_special_tokens=True)
                 trunc, lens = trunc + int(truncated.sum()), lens + mask.sum(1).tolist()
             hits = [tg.credits(t) for t in texts]
-            rate = {k: sum(h[k] for h in hits) / len(hits) for k in names}
+            rate = {k: sum(h[k] > 0 for h in hits) / len(hits) for k in names}          # credits(): weights earned
             mean = sum(tg.toy_reward(t) for t in texts) / len(texts)
             print(f"{n_examples} worked examples | {T} | {mean:.3f} | {trunc / len(texts):.2f} | "
                   f"{sum(lens) / len(lens):.0f} | " + " | ".join(f"{rate[k]:.2f}" for k in names) +
