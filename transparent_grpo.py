@@ -5,13 +5,14 @@
 
 Every step: Generate (§4) -> Reward (§2) -> KL (§5, §6) -> Advantage (§6) -> Update (§7, §8). §9-§11: plumbing.
 Swap a piece with a flag, or by editing one line of a registry: KL_ESTIMATORS, ADVANTAGES, OBJECTIVES.
+Shapes: a step samples N = Q*G completions (Q prompts, G each) of T tokens after P prompt tokens; B rows a minibatch.
 
 How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step departs from the textbook):
  1. The KL penalty goes into the *reward*: K1 = logpi_old - logpi_ref summed over the completion, detached, is on-policy
     an unbiased estimate of the gradient of KL(pi || pi_ref) (K1 in the loss has zero expected gradient: test_math).
  2. It is added after the task reward's group normalisation, never divided by std (else tied rewards make the advantage
     -(KL_i - mean)/std(KL) and beta loses its meaning), with the mean of the *other* samples as its baseline (unbiased).
- 3. Plain temperature sampling, log-probs at logits/T: pi_old is the distribution the tokens came from (exactly, but
+ 3. Plain temperature sampling, log-probs at logits/tau: pi_old is the distribution the tokens came from (exactly, but
     under bf16 autocast (one GPU, --dtype amp), where the sampler reads a bf16 copy of the fp32 weights: README).
  4. Completion masks come from the first EOS, which is kept and trained on (pad == EOS is common).
  5. With mu = 1 and one minibatch pi_old = pi_theta: one forward gives the old log-probs (detached) and the update's
@@ -146,30 +147,11 @@ HELD_OUT = sorted((p for p in FAMILY if split(p) == "held_out"),  # in a fixed s
                   key=lambda p: hashlib.sha256(p.statement.encode()).digest())
 TRAIN = [p for p in FAMILY if split(p) == "train"]                 # what --task family draws from
 
-# A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a", "2b - b") or on
-# the right ("= -30", "= -3.5", "= -3x", "= -3 + b", "= -3 (a"): a digit, a variable or an operator makes another one.
-BEFORE = r"(?<![\w.)}^*/+\-\\])(?<![\d)}^*/+\-] )(?<!(?<![A-Za-z])[A-Za-z] )"
-AFTER = r"(?!\.?\d|[A-Za-z_({^])(?! ?(?:[+\-*/^(\d]|\\(?:cdot|times|div)|[A-Za-z](?![A-Za-z])))"
-CONTINUITY = r"(?i:continu|\\lim|limit)"
-
-def expr(alternatives):  # "2a + 3 | a(2) + 3" -> one pattern; spacing is free
-    tokens = lambda e: r"\s*".join(re.escape(t) for t in re.findall(r"\d+|\\[a-z]+|\S", e))
-    return "(?:" + "|".join(tokens(e) for e in alternatives.split("|")) + ")"
-
-def term(e):  # the expression, whole
-    return BEFORE + expr(e) + AFTER
-
-def eq(left, right):  # "left = right" or "right = left", both sides whole
-    return "|".join(BEFORE + expr(x) + r"\s*=\s*" + expr(y) + AFTER for x, y in ((left, right), (right, left)))
-
-def tidy(text):  # one space, one kind of minus
-    return re.sub(r"[ \t]+", " ", text.replace("\u2212", "-"))
-
-
 @functools.lru_cache(maxsize=None)
 def credit_table(p: Piecewise):
     """[(weight, name, the step of p's solution that earns it: a pattern to find or a test)]; weights sum to 1.
-    v1, v2: the middle piece at x = k and x = -k. term/eq make a pattern match a statement only whole."""
+    v1, v2: the middle piece at x = k and x = -k. The grammar (below the marker): term/eq match a statement only whole,
+    stated_value reads `a = -3`, final_boxed the box's number. CREDIT is the problem's table."""
     k, c, m, s, v1, v2 = p.k, p.c, p.m, p.s, p.k - p.m, -p.k - p.m
     right = f"{k}a + {c} | {k} \\cdot a + {c} | a({k}) + {c} | a \\cdot {k} + {c}" + f" | a + {c}" * (k == 1)
     left = f"{-s * k} - b | {s}(-{k}) - b | {s} \\cdot (-{k}) - b"
@@ -186,22 +168,6 @@ def credit_table(p: Piecewise):
         (0.10, "b", lambda t: stated_value("b", t) == p.b),
         (0.30, "boxed", lambda t: final_boxed(t) == p.answer),
     ]
-
-CREDIT = credit_table(TOY)  # the problem's table (tests/test_reward.py pins every case of it)
-
-def stated_value(var, text):
-    """The number that every statement `var = ...` gives (not `2a = `, `a + b = `, `-b = `); None if there is none, if
-    one is no number, or if two disagree: a hedge such as `b = 0, b = 3` states no value, nor does `b = 3 = 0`."""
-    starts = [m.end() for m in re.finditer(BEFORE + var + r"\s*=", text)]
-    found = [re.match(r"\s*(-?\s*\d+(?:\.\d+)?)" + AFTER + r"(?!\s*=)", text[s:]) for s in starts]  # no chain
-    values = {float(v.group(1).replace(" ", "")) if v else None for v in found}
-    return values.pop() if len(values) == 1 else None
-
-def final_boxed(text):  # the one number every \boxed{} holds (`\boxed{3} or \boxed{0}` holds none)
-    found = [re.fullmatch(r"\s*\$?\s*(?:a\s*\+\s*b\s*=\s*)?(-?\d+(?:\.\d+)?)\s*\$?\s*", box)
-             for box in re.findall(r"\\boxed\{([^{}]*)\}", text)]
-    values = {float(m.group(1)) if m else None for m in found}
-    return values.pop() if len(values) == 1 else None
 
 def credits(text: str, p: Piecewise = TOY) -> dict:
     """{step: the weight it earned (0 if not)} for each step of p's credit table, in the completion cut at its EOS."""
@@ -266,7 +232,7 @@ def completion_mask(completions, eos):
 
 @torch.inference_mode()
 def sample(model, prompt_ids, n, cfg, eos, pad_id):
-    """n completions of one prompt, y_t ~ softmax(logits_t / T) exactly (no top-k, top-p, penalties), pad after the
+    """n completions of one prompt, y_t ~ softmax(logits_t / tau) exactly (no top-k, top-p, penalties), pad after the
     first EOS: the textbook loop (--sampler plain). The default picks one with this contract from SAMPLERS (§10)."""
     kind = sampler_kind(cfg.sampler, prompt_ids.device.type)
     if kind != "plain":
@@ -303,33 +269,10 @@ def decode(tok, completions, eos):  # [N, T] -> texts cut at the first EOS, with
     return texts, mask, truncated
 
 # ============================================================================ 5. Log-probs
-def _chunk_logprobs(h, weight, bias, targets, temperature, entropy):
-    z = F.linear(h, weight, bias)                                                       # [n, V] one chunk
-    z = z.to(torch.promote_types(z.dtype, torch.float32)) / temperature                 # at least fp32
-    lse = torch.logsumexp(z, -1)                                                        # [n]
-    lp = z.gather(-1, targets[:, None]).squeeze(-1) - lse                               # [n]  log softmax(z)[y]
-    if entropy is None:
-        return lp, torch.zeros_like(lp)
-    with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):  # a logged value: no graph to keep
-        return lp, lse - (torch.softmax(z, -1) * z).sum(-1)                             # [n]  H = lse - E_p[z]
-
-def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128, entropy="grad"):
-    """log softmax(z / T)[y] for the sampled tokens only, z = head(h): the LM head runs on the masked rows, `chunk` at a
-    time, each chunk recomputed in backward (checkpoint): never a full [B, T, V] tensor, in fp32 or otherwise.
-    entropy: "grad" (for an entropy bonus), "value" (logged only: backward's recompute stops at lp), or None (zeros)."""
-    rows = mask.flatten().nonzero().squeeze(1)                                          # [n] completion tokens
-    h, y = hidden.flatten(0, 1)[rows], targets.flatten()[rows]                          # [n, H], [n]
-    parts = [checkpoint(_chunk_logprobs, h[s:s + chunk], head.weight, head.bias, y[s:s + chunk], temperature,
-                        entropy, use_reentrant=False) for s in range(0, len(rows), chunk)]
-    empty = h.new_zeros(0, dtype=torch.promote_types(h.dtype, torch.float32))
-    lp, ent = (torch.cat(col) for col in zip(*parts)) if parts else (empty, empty)      # [n], [n]
-    spread = lambda x: x.new_zeros(mask.numel()).index_put((rows,), x).view_as(mask)    # [B, T], 0 off the mask
-    return spread(lp), spread(ent)
-
 def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, entropy="grad", attn=None):
-    """Log-probs [B, T] of ids[:, n_prompt:] at T (their entropy; ppo's values): one forward, the LM head on completion
-    tokens only. attn: [B, P+T], 0 on the pads before a shorter prompt (rollout). With one prompt for every row,
-    shared_prompt_hidden (§10) runs it once: the same numbers, cheaper."""
+    """Log-probs [B, T] of ids[:, n_prompt:] at temperature tau (their entropy; ppo's values): one forward, the LM head
+    on completion tokens only. attn: [B, P+T], 0 on the pads before a shorter prompt (rollout). With one prompt for
+    every row, shared_prompt_hidden (§10) runs it once: the same numbers, cheaper."""
     h = shared_prompt_hidden(model, ids, n_prompt, mask) if attn is None else None      # None: not one shared prompt
     if h is None:
         pos = None if attn is None else (attn.cumsum(1) - 1).clamp(min=0)              # [B, P+T] from its first token
@@ -337,7 +280,7 @@ def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, e
                     use_cache=False)
         h = out.hidden_states[-1][:, n_prompt - 1:-1]                                   # [B, T, H] predicts y_t
     lp, ent = sampled_logprobs(h, unwrap(model).get_output_embeddings(), ids[:, n_prompt:], mask, temperature,
-                               entropy=entropy)                                         # [B, T], [B, T]
+                               entropy=entropy)      # [B, T], [B, T] log softmax(head(h_t) / tau)[y_t], §10
     v_head = getattr(unwrap(model), "v_head", None)
     values = v_head(h.to(v_head.weight.dtype)).float().squeeze(-1) if with_values else None  # [B, T]
     return lp, ent, values
@@ -351,21 +294,21 @@ KL_ESTIMATORS = {  # per-token estimate of KL(pi || pi_ref) from l = logpi(y_t) 
 }
 
 def zscore(R):  # (R - mean) / std per group; a tied group gets exactly 0 (its float32 mean can miss R by one rounding)
-    std = R.std(1, keepdim=True)                                                        # [P, 1]
-    return torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True)) / std.clamp(min=1e-6))  # [P, G]
+    std = R.std(1, keepdim=True)                                                        # [Q, 1]
+    return torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True)) / std.clamp(min=1e-6))  # [Q, G]
 
 def gdpo(C, w=1.0):  # GDPO (Liu et al. 2026): each part z-scored in its group, times its weight w_k, summed, / std
-    A = (zscore(C if C.dim() == 3 else C[..., None]) * w).sum(-1)                       # [P, G] C: [P, G, K], w: [K]
+    A = (zscore(C if C.dim() == 3 else C[..., None]) * w).sum(-1)                       # [Q, G] C: [Q, G, K], w: [K]
     std = A.std() if A.numel() > 1 else A.new_zeros(())
-    return torch.where(std < 1e-6, 0.0, A / std.clamp(min=1e-6))                        # [P, G]
+    return torch.where(std < 1e-6, 0.0, A / std.clamp(min=1e-6))                        # [Q, G]
 
-ADVANTAGES = {  # task-reward advantage within each group; R: [P, G]
+ADVANTAGES = {  # task-reward advantage within each group; R: [Q, G]
     "zscore": zscore,                                                                  # GRPO
     "mean": lambda R: R - R.mean(1, keepdim=True),                                     # Dr.GRPO
     "rloo": lambda R: (R - R.mean(1, keepdim=True)) * R.shape[1] / (R.shape[1] - 1),   # R_i - mean_{j!=i} R_j
     "none": lambda R: R,                                                               # plain REINFORCE
     "gae": lambda R: R - R.mean(1, keepdim=True),  # ppo: token advantages come from gae() below; this is only logged
-    "gdpo": gdpo,                             # each part of the reward on its own scale (C: [P, G, K], w: [K])
+    "gdpo": gdpo,                             # each part of the reward on its own scale (C: [Q, G, K], w: [K])
 }
 
 def sequence_kl(lp, ref_lp, mask, estimator):
@@ -375,14 +318,14 @@ def sequence_kl(lp, ref_lp, mask, estimator):
     return kl_tok, kl_tok.sum(1)                                                        # [B, T], [B]
 
 def advantages(R, kl_seq, cfg, C=None):
-    """A_i = ADV(R)_i - beta * (KL_i - mean_{j!=i} KL_j).   R, kl_seq: [P, G] -> [P, G]; gdpo reads C: [P, G, K]
+    """A_i = ADV(R)_i - beta * (KL_i - mean_{j!=i} KL_j).   R, kl_seq: [Q, G] -> [Q, G]; gdpo reads C: [Q, G, K]
     The KL part (K1 in the reward) is added after normalising R and never divided by std(R): beta keeps its meaning."""
     if cfg.advantage == "gdpo" and C is not None:  # C's columns: the task's, truncation (-2), consistency (-1)
         w = torch.ones(C.shape[-1], device=C.device)                                    # [K] w_k: 1 a part,
         w[-2] = cfg.truncation_weight                                                   # but truncation's
-        A = ADVANTAGES["gdpo"](C, w)                                                    # [P, G]
+        A = ADVANTAGES["gdpo"](C, w)                                                    # [Q, G]
     else:
-        A = ADVANTAGES[cfg.advantage](R)                                                # [P, G]
+        A = ADVANTAGES[cfg.advantage](R)                                                # [Q, G]
     if cfg.kl_placement == "reward":
         G = kl_seq.shape[1]
         A = A - cfg.beta * (kl_seq - kl_seq.mean(1, keepdim=True)) * G / (G - 1)        # leave-one-out baseline
@@ -417,10 +360,17 @@ def clipped_surrogate(b, cfg, agg):
     surr = torch.minimum(r * A, r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps_high) * A)   # [B, T]
     return agg(-surr), clip_stats(r, A, b["mask"], cfg)
 
+def clip_stats(r, A, mask, cfg):  # the share of tokens the clip holds: low (r < 1-eps, A < 0), high (r > 1+eps, A > 0)
+    low = ((r < 1 - cfg.clip_eps) & (A < 0)).float() * mask                             # [B, T]
+    high = ((r > 1 + cfg.clip_eps_high) & (A > 0)).float() * mask                       # [B, T]
+    n = mask.sum()
+    return {"clip/frac_low": (low.sum() / n).item(), "clip/frac_high": (high.sum() / n).item(),
+            "clip/frac": ((low + high).sum() / n).item()}
+
 def gspo(b, cfg, agg):
     """GSPO: s_i = exp(mean_t(logpi - logpi_old)), -min(s A, clip(s) A) per sequence."""
-    m = b["mask"]
-    s = torch.exp(((b["lp"] - b["old_lp"]) * m).sum(1) / m.sum(1).clamp(min=1))        # [B]
+    mask = b["mask"]
+    s = torch.exp(((b["lp"] - b["old_lp"]) * mask).sum(1) / mask.sum(1).clamp(min=1))  # [B]
     surr = torch.minimum(s * b["adv"], s.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps_high) * b["adv"])  # [B]
     return -surr.mean(), clip_stats(s[:, None], b["adv"][:, None], torch.ones_like(s[:, None]), cfg)
 
@@ -443,12 +393,13 @@ def ppo(b, cfg, agg):
     return loss + cfg.vf_coef * agg(v_loss), {**stats, "loss/value": agg(v_loss).item()}
 
 def online_dpo(b, cfg, agg):
-    """Online DPO: best (w) vs worst (l) sample of each group, -log sigmoid(beta [(logpi-logpi_ref)(w) - (.)(l)])."""
-    rho = ((b["lp"] - b["ref_lp"]) * b["mask"]).sum(1).view(-1, cfg.group_size)         # [P, G] sequence log-ratios
-    R = b["R"].view(-1, cfg.group_size)                                                 # [P, G]
-    w, l = R.argmax(1, keepdim=True), R.argmin(1, keepdim=True)                         # [P, 1]
-    margin = cfg.beta * (rho.gather(1, w) - rho.gather(1, l)).squeeze(1)                # [P]
-    valid = (R.max(1).values > R.min(1).values).float()                                 # [P] ties make no pair
+    """Online DPO: best (win) vs worst (lose) sample of a group, -log sigmoid(beta [rho(win) - rho(lose)]), rho the
+    sequence log-ratio logpi - logpi_ref."""
+    rho = ((b["lp"] - b["ref_lp"]) * b["mask"]).sum(1).view(-1, cfg.group_size)         # [Q, G] sequence log-ratios
+    R = b["R"].view(-1, cfg.group_size)                                                 # [Q, G]
+    win, lose = R.argmax(1, keepdim=True), R.argmin(1, keepdim=True)                    # [Q, 1]
+    margin = cfg.beta * (rho.gather(1, win) - rho.gather(1, lose)).squeeze(1)           # [Q]
+    valid = (R.max(1).values > R.min(1).values).float()                                 # [Q] ties make no pair
     return -(F.logsigmoid(margin) * valid).sum() / valid.sum().clamp(min=1), {"dpo/pairs": valid.sum().item()}
 
 AGGREGATE = {  # how per-token losses [B, T] become one number
@@ -477,15 +428,17 @@ OBJECTIVES = {  # a new objective: one function above and one row here
     "online_dpo": Objective(online_dpo, "seq_mean", "zscore", clips="none", pairs=True),
 }
 
-def policy_loss(b, cfg):
-    """The objective, plus beta*KL in the loss (if placed there) and the entropy bonus, with the same averaging."""
+def policy_loss(b, cfg, entropy_coef=None):
+    """The objective, plus beta*KL in the loss (if placed there) and the entropy bonus (this step's coefficient, else
+    --entropy_coef), with the same averaging."""
     objective = OBJECTIVES[cfg.objective]
     agg = lambda x: AGGREGATE[objective.agg](x, b["mask"], cfg)
     loss, stats = objective.loss(b, cfg, agg)
     if cfg.kl_placement == "loss":                                                      # + beta * k(logpi - logpi_ref)
         loss = loss + cfg.beta * agg(KL_ESTIMATORS[cfg.kl_estimator](b["lp"] - b["ref_lp"]))
-    if cfg.entropy_coef:                                                                # - c * H(pi(.|y_<t))
-        loss = loss - cfg.entropy_coef * agg(b["entropy"])
+    c = cfg.entropy_coef if entropy_coef is None else entropy_coef
+    if c:                                                                               # - c * H(pi(.|y_<t))
+        loss = loss - c * agg(b["entropy"])
     return loss, stats
 
 def entropy_coef(coef, H, cfg):
@@ -494,24 +447,32 @@ def entropy_coef(coef, H, cfg):
         return coef
     return min(max(coef + cfg.entropy_step * (1 if H < cfg.entropy_target else -1), 0.0), cfg.entropy_coef_max)
 
+def token_share(acc, mask, cfg):
+    """DDP averages gradients over processes, so a per-process token mean would weight each process's tokens by 1/its
+    own count. Scaling by (own tokens * processes / all tokens) makes it the token mean over every process's tokens."""
+    if OBJECTIVES[cfg.objective].agg != "token_mean" or acc.num_processes == 1:
+        return 1.0
+    return mask.sum() * acc.num_processes / acc.gather(mask.sum().reshape(1)).sum().clamp(min=1)
+
 # ============================================================================ 8. Training loop
 def draw(pool, n, seed):  # the step's n instances, without replacement (the one problem: itself, n times)
     return pool * n if len(pool) == 1 else random.Random(seed).sample(pool, n)
 def train(cfg: "Config", reward_fn=None, messages=None):
     """GRPO on cfg.task; your own reward_fn(text, instance) -> float, or one chat (messages), replaces the task's."""
     from tqdm.auto import tqdm
-    acc, tok, model, ref, opt, log = setup(cfg)                            # §9: accelerator, policy, reference, AdamW
+    run = setup(cfg)                           # §9: run.acc (accelerate), .tok, .model (the policy), .ref, .opt, .log
+    acc, tok, model, ref = run.acc, run.tok, run.model, run.ref
     task = make_task(cfg, reward_fn, messages)                             # §2's TASKS, or a file of yours (§9)
     eos, pad_id, G = eos_ids(tok, unwrap(model)), tok.pad_token_id, cfg.group_size
     N, critic = cfg.prompts_per_step * G, OBJECTIVES[cfg.objective].critic  # completions a step and process; ppo
     single_update = cfg.inner_epochs == 1 and cfg.minibatch_size == N     # mu = 1: pi_old = pi_theta (departure 5)
-    coef, bad, step = cfg.entropy_coef, 0, log.start - 1   # the entropy bonus's coefficient, failed updates, last step
-    for step in tqdm(range(log.start, cfg.num_steps), initial=log.start, total=cfg.num_steps, desc="GRPO",
+    step = run.log.start - 1                                               # the last step done
+    for step in tqdm(range(run.log.start, cfg.num_steps), initial=run.log.start, total=cfg.num_steps, desc="GRPO",
                      disable=not (acc.is_main_process and sys.stderr.isatty())):
         if step == 0 or cfg.eval_every and step % cfg.eval_every == 0:           # held-out accuracy before the step
-            log_eval(acc, log, step, evaluate(acc, model, tok, task, cfg, eos, pad_id, step))
+            log_eval(run, step, evaluate(run, task, cfg, eos, step))
         t0 = time.time()
-        # ---- 1. Generate: the step's instances (prompts_per_step), G completions each, y_t ~ softmax(logits_t / T)
+        # ---- 1. Generate: the step's instances (prompts_per_step), G completions each, y_t ~ softmax(logits_t / tau)
         instances = draw(task.train, cfg.prompts_per_step, seed_of("draw", cfg.seed, step, acc.process_index))
         prompts = [chat_prompt(tok, task.messages(x), model, cfg).to(acc.device) for x in instances]  # [1, P_i] each
         model.eval()
@@ -527,7 +488,7 @@ def train(cfg: "Config", reward_fn=None, messages=None):
         R = torch.tensor([sum(p.values()) for p in parts], dtype=torch.float32, device=seqs.device)  # [N]
         t2 = time.time()
 
-        # ---- 3. KL: log-probs of the sampled tokens under pi_ref and pi_old = pi_theta, at temperature T
+        # ---- 3. KL: log-probs of the sampled tokens under pi_ref and pi_old = pi_theta, at temperature tau
         model.train()
         with acc.autocast(), torch.no_grad():
             ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, cfg.temperature, entropy=None,
@@ -541,110 +502,108 @@ def train(cfg: "Config", reward_fn=None, messages=None):
 
         # ---- 4. Advantage: the reward normalised in each group (gdpo: part by part), minus beta * (KL_i - mean_j KL_j)
         shaping = [task.shaping(t, x) for t, x in zip(texts, rows)]                        # [N] +1 / 0 / -1
-        C = reward_columns(parts, shaping, truncated, cfg).to(R.device).unflatten(0, (-1, G))  # [P, G, K]
+        C = reward_columns(parts, shaping, truncated, cfg).to(R.device).unflatten(0, (-1, G))  # [Q, G, K]
         R_learn = C.sum(-1).flatten()                                                      # [N] R + shaping
         A, returns = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C).flatten(), None  # [N]
         if critic:                                                                         # per token, from a critic
             A, returns = ppo_advantages(R_learn, kl_tok, old_values, mask, cfg, lambda x: gather_rows(acc, x))
 
         # ---- 5. Update: mu epochs over minibatches, one clipped AdamW step each
-        coef = entropy_coef(coef, acc.gather(((ent * mask).sum() / mask.sum()).reshape(1)).mean().item(), cfg)
+        run.coef = entropy_coef(run.coef, acc.gather(((ent * mask).sum() / mask.sum()).reshape(1)).mean().item(), cfg)
         batch = dict(seqs=seqs, attn=attn, old_lp=old_lp, ref_lp=ref_lp, mask=mask, adv=A, R=R_learn,
-                     old_values=old_values, returns=returns)
-        stats, bad = update(acc, model, opt, batch, now if single_update else None, P, replace(cfg, entropy_coef=coef),
-                            bad)
+                     old_values=old_values, returns=returns)                       # §7's b, every row of the step
+        stats = update(run, batch, now if single_update else None, P, cfg)         # run.bad: non-finite in a row
         del now
-        if stats is None:
-            stop(acc, log, f"stopping: {bad} non-finite losses or gradients in a row at step {step}", 3)
+        if run.bad >= cfg.max_bad_updates:
+            stop(run, f"stopping: {run.bad} non-finite losses or gradients in a row at step {step}", 3)
         if cfg.ref_update_every and (step + 1) % cfg.ref_update_every == 0:
             ref.load_state_dict(unwrap(model).state_dict())
 
         # ---- log (a sample now and then), checkpoint, stop
-        stats.update({"entropy/coef": coef, "reward/shaping": (R_learn - R).mean().item(), "time/generate": t1 - t0,
-                      "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": time.time() - t3,
-                      "time/step": time.time() - t0})
-        if not after_step(acc, log, cfg, step, {**batch, "R": R, "instances": instances}, kl_seq, ent, truncated,
-                          texts, parts, stats, coef):
+        stats.update({"entropy/coef": run.coef, "reward/shaping": (R_learn - R).mean().item(),
+                      "time/generate": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2,
+                      "time/update": time.time() - t3, "time/step": time.time() - t0})
+        seen = dict(instances=instances, texts=texts, parts=parts, reward=R, truncated=truncated, kl_seq=kl_seq,
+                    entropy=ent)                                                   # what the log reads besides batch
+        if not after_step(run, cfg, step, batch, seen, stats):
             break
-    if step + 1 > log.start:                                               # the held-out accuracy after the last step
-        log_eval(acc, log, step + 1, evaluate(acc, model, tok, task, cfg, eos, pad_id, step + 1))
-    return save_final(acc, cfg, model, tok, log)
+    if step + 1 > run.log.start:                                           # the held-out accuracy after the last step
+        log_eval(run, step + 1, evaluate(run, task, cfg, eos, step + 1))
+    return save_final(run, cfg)
 
-@torch.no_grad()
-def evaluate(acc, model, tok, task, cfg, eos, pad_id, step):
-    """The policy on the first --eval_size held-out instances (never trained on; each process a share): its greedy
-    completion's accuracy (the headline), reward and each part's rate; with --eval_samples k, the accuracy of k samples
-    at the training temperature and pass@k (their own seed: the run's samples stay as they would be without them)."""
-    if not cfg.eval_size or not task.held_out:
-        return {}
-    t0, was_training, k = time.time(), model.training, cfg.eval_samples
-    mine = task.held_out[:cfg.eval_size][acc.process_index::acc.num_processes]       # this process's share
-    parts = list(task.score("", task.held_out[0]))                                    # the reward's parts, as named
-    sums = dict.fromkeys(["accuracy", "reward", "len_mean", "truncated_frac", *(f"credit/{p}" for p in parts),
-                          *(["sampled_accuracy", f"pass@{k}"] if k else [])], 0.0)   # the same keys on every process
-    if mine:
-        prompts = [chat_prompt(tok, task.messages(x), model, cfg)[0].to(acc.device) for x in mine]  # [P_i] each
-        model.eval()
-        with acc.autocast():
-            texts, mask, cut = decode(tok, generate_many(unwrap(model), prompts, 1, cfg, eos, pad_id, greedy=True),
-                                      eos)                                            # [n], [n, T], [n]
-            for text, x in zip(texts, mine):
-                score = task.score(text, x)
-                sums["accuracy"] += task.correct(text, x)
-                sums["reward"] += sum(score.values())
-                for p in parts:
-                    sums[f"credit/{p}"] += score[p] > 0
-            sums["len_mean"], sums["truncated_frac"] = mask.sum().item(), cut.sum().item()
-            if k:
-                with torch.random.fork_rng(devices=[acc.device] if acc.device.type == "cuda" else []):
-                    torch.manual_seed(seed_of("eval", cfg.seed, step, acc.process_index))
-                    texts = decode(tok, generate_many(unwrap(model), prompts, k, cfg, eos, pad_id), eos)[0]  # [n*k]
-                right = torch.tensor([float(task.correct(t, x)) for t, x in zip(texts, (x for x in mine
-                                                                                        for _ in range(k)))])
-                right = right.view(-1, k)                                                 # [n, k]
-                sums["sampled_accuracy"] = right.mean(1).sum().item()                   # mean@k, summed
-                sums[f"pass@{k}"] = right.max(1).values.sum().item()                     # any of k right, summed
-        model.train(was_training)
-    totals = acc.gather(torch.tensor([[*sums.values(), len(mine)]], dtype=torch.float64, device=acc.device)).sum(0)
-    return {**{f"eval/{name}": (totals[i] / totals[-1].clamp(min=1)).item() for i, name in enumerate(sums)},
-            "eval/n": int(totals[-1]), "eval/time": time.time() - t0}             # totals: [K + 1] over processes
-
-def update(acc, model, opt, batch, cached, n_prompt, cfg, bad_in_a_row):
-    """mu epochs of minibatches, one AdamW step each; a non-finite loss or gradient anywhere skips it everywhere."""
+def update(run, batch, cached, n_prompt, cfg):
+    """mu epochs of minibatches, one AdamW step each; a non-finite loss or gradient anywhere skips it everywhere (and
+    counts in run.bad until a step succeeds)."""
+    acc, model, opt, objective = run.acc, run.model, run.opt, OBJECTIVES[cfg.objective]
     N, G, stats, losses, norms, skipped = len(batch["seqs"]), cfg.group_size, [], [], [], 0
     for epoch in range(cfg.inner_epochs):
         perm = (torch.arange(N) if cached is not None else  # the first minibatch reuses the log-prob forward
-                (torch.randperm(N // G)[:, None] * G + torch.arange(G)).flatten() if OBJECTIVES[cfg.objective].pairs
+                (torch.randperm(N // G)[:, None] * G + torch.arange(G)).flatten() if objective.pairs
                 else torch.randperm(N))                     # online_dpo pairs within a group: groups stay whole
         for s in range(0, N, cfg.minibatch_size):
             idx = perm[s:s + cfg.minibatch_size].to(batch["seqs"].device)
             b = {k: v[idx] if v is not None else None for k, v in batch.items()}
             with acc.autocast():
                 b["lp"], b["entropy"], b["values"] = cached if cached is not None else token_logprobs(
-                    model, b["seqs"], n_prompt, b["mask"], cfg.temperature, OBJECTIVES[cfg.objective].critic,
-                    entropy="grad" if cfg.entropy_coef or cfg.entropy_target else "value", attn=b["attn"])
+                    model, b["seqs"], n_prompt, b["mask"], cfg.temperature, objective.critic,
+                    entropy="grad" if run.coef or cfg.entropy_target else "value", attn=b["attn"])
                 cached = None                                                   # its graph is used once, then freed
-                loss, st = policy_loss(b, cfg)
+                loss, st = policy_loss(b, cfg, run.coef)
                 loss = loss * token_share(acc, b["mask"], cfg)
             stats.append(st)
-            if acc.gather(torch.tensor([float(not torch.isfinite(loss))], device=acc.device)).any():
-                skipped, bad_in_a_row = skipped + 1, bad_in_a_row + 1           # skipped on every process
-            else:
+            finite = not acc.gather(torch.tensor([float(not torch.isfinite(loss))], device=acc.device)).any()
+            if finite:                                                          # on every process
                 acc.backward(loss)                                              # DeepSpeed also steps here
                 norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)  # pre-clip global norm
-                if norm is None or math.isfinite(norm):                         # (the same on every process)
-                    opt.step()
-                    bad_in_a_row, losses, norms = 0, losses + [loss.item()], norms + [float(norm or 0)]
-                else:                                                           # DeepSpeed skipped it as well
-                    skipped, bad_in_a_row = skipped + 1, bad_in_a_row + 1
+                finite = norm is None or math.isfinite(norm)                    # (DeepSpeed skips an inf norm too)
+            if finite:
+                opt.step()
+                losses, norms = losses + [loss.item()], norms + [float(norm or 0)]
+            skipped, run.bad = skipped + (not finite), 0 if finite else run.bad + 1
             opt.zero_grad()
-            if bad_in_a_row >= cfg.max_bad_updates:
-                return None, bad_in_a_row
+            if run.bad >= cfg.max_bad_updates:
+                return {}
     stats = {k: sum(st[k] for st in stats if k in st) / sum(k in st for st in stats) for k in set().union(*stats)}
     return {**stats, "loss/policy": sum(losses) / max(len(losses), 1), "optim/skipped_updates": skipped,
-            "optim/grad_norm": sum(norms) / max(len(norms), 1), "optim/lr": opt.param_groups[0]["lr"]}, bad_in_a_row
+            "optim/grad_norm": sum(norms) / max(len(norms), 1), "optim/lr": opt.param_groups[0]["lr"]}
 
 # ###### The algorithm ends here. Below it, the plumbing: setup and checks, speed and memory, logs and checkpoints
+# ---------------------------------------------------------------------------- the toy reward's grammar (§2)
+# A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a", "2b - b") or on
+# the right ("= -30", "= -3.5", "= -3x", "= -3 + b", "= -3 (a"): a digit, a variable or an operator makes another one.
+BEFORE = r"(?<![\w.)}^*/+\-\\])(?<![\d)}^*/+\-] )(?<!(?<![A-Za-z])[A-Za-z] )"
+AFTER = r"(?!\.?\d|[A-Za-z_({^])(?! ?(?:[+\-*/^(\d]|\\(?:cdot|times|div)|[A-Za-z](?![A-Za-z])))"
+CONTINUITY = r"(?i:continu|\\lim|limit)"
+
+def expr(alternatives):  # "2a + 3 | a(2) + 3" -> one pattern; spacing is free
+    tokens = lambda e: r"\s*".join(re.escape(t) for t in re.findall(r"\d+|\\[a-z]+|\S", e))
+    return "(?:" + "|".join(tokens(e) for e in alternatives.split("|")) + ")"
+
+def term(e):  # the expression, whole
+    return BEFORE + expr(e) + AFTER
+
+def eq(left, right):  # "left = right" or "right = left", both sides whole
+    return "|".join(BEFORE + expr(x) + r"\s*=\s*" + expr(y) + AFTER for x, y in ((left, right), (right, left)))
+
+def tidy(text):  # one space, one kind of minus
+    return re.sub(r"[ \t]+", " ", text.replace("\u2212", "-"))
+
+def stated_value(var, text):
+    """The number that every statement `var = ...` gives (not `2a = `, `a + b = `, `-b = `); None if there is none, if
+    one is no number, or if two disagree: a hedge such as `b = 0, b = 3` states no value, nor does `b = 3 = 0`."""
+    starts = [m.end() for m in re.finditer(BEFORE + var + r"\s*=", text)]
+    found = [re.match(r"\s*(-?\s*\d+(?:\.\d+)?)" + AFTER + r"(?!\s*=)", text[s:]) for s in starts]  # no chain
+    values = {float(v.group(1).replace(" ", "")) if v else None for v in found}
+    return values.pop() if len(values) == 1 else None
+
+def final_boxed(text):  # the one number every \boxed{} holds (`\boxed{3} or \boxed{0}` holds none)
+    found = [re.fullmatch(r"\s*\$?\s*(?:a\s*\+\s*b\s*=\s*)?(-?\d+(?:\.\d+)?)\s*\$?\s*", box)
+             for box in re.findall(r"\\boxed\{([^{}]*)\}", text)]
+    values = {float(m.group(1)) if m else None for m in found}
+    return values.pop() if len(values) == 1 else None
+
+CREDIT = credit_table(TOY)  # the problem's table (tests/test_reward.py pins every case of it)
+
 # ============================================================================ 9. Setup and input checks
 @dataclass
 class Config(Recipe):  # every flag of the script: the Recipe's (§1), then the plumbing's
@@ -763,13 +722,6 @@ def bundled_gguf():
     files = sorted(f for f in os.listdir(folder) if f.endswith(".gguf")) if folder else []
     return os.path.join(folder, files[0]) if files else None
 
-def token_share(acc, mask, cfg):
-    """DDP averages gradients over processes, so a per-process token mean would weight each process's tokens by 1/its
-    own count. Scaling by (own tokens * processes / all tokens) makes it the token mean over every process's tokens."""
-    if OBJECTIVES[cfg.objective].agg != "token_mean" or acc.num_processes == 1:
-        return 1.0
-    return mask.sum() * acc.num_processes / acc.gather(mask.sum().reshape(1)).sum().clamp(min=1)
-
 def preset_for(model, cuda):
     """The model's recipe: SmolLM2-135M (bundled, or a file or folder of it) the small one; any other model, and auto,
     the device's: a GPU the 3B recipe, a CPU the small one (README: Quickstart)."""
@@ -826,6 +778,17 @@ def load_model(name: str, dtype: torch.dtype, trust=False):
         plain.generation_config, model = model.generation_config, plain
     tok.pad_token = tok.pad_token or tok.eos_token
     return tok, model
+
+@dataclass
+class Run:  # what setup() builds and a step uses
+    acc: object                              # the Accelerator: device, processes, autocast, gather
+    tok: object                              # the tokenizer
+    model: torch.nn.Module                   # the policy (as acc.prepare wrapped it: unwrap() gives the HF model)
+    ref: Optional[torch.nn.Module]           # the frozen reference, or None when no KL term needs it
+    opt: torch.optim.Optimizer               # AdamW
+    log: "RunLog"                            # the run's files (§11)
+    coef: float = 0.0                        # the entropy bonus's coefficient now (adaptive: entropy_coef, §7)
+    bad: int = 0                             # non-finite updates in a row (--max_bad_updates of them stop the run)
 
 def setup(cfg):
     """The plumbing: accelerator, policy, reference, optimizer, DeepSpeed settings, resume, trackers."""
@@ -884,17 +847,19 @@ def setup(cfg):
     log.say(f"device: {acc.device} | weights: {weights}{masters} | mixed precision: {acc.mixed_precision} | "
             f"processes: {acc.num_processes} | {acc.distributed_type.value} | CPU threads: {torch.get_num_threads()}")
     log.say("config: " + json.dumps({k: v for k, v in asdict(cfg).items() if v is not None}))
-    load = lambda: load_checkpoint(acc, resume) if resume else None            # no pickle, RNG states checked
-    for what, go in ((f"checkpoint {resume} could not be loaded", load),
-                     (f"--report_to={cfg.report_to} could not start", lambda: cfg.report_to != "none" and
-                      acc.init_trackers(cfg.run_name, config={k: v for k, v in asdict(cfg).items() if v is not None}))):
-        try:
-            go()
-        except Exception as err:  # a corrupt or foreign checkpoint, a tracker without login or network
-            raise RunError(f"{what}: {one_line(err)}") from None
+    try:
+        if resume:
+            load_checkpoint(acc, resume)                                        # no pickle, RNG states checked
+    except Exception as err:  # a corrupt or foreign checkpoint
+        raise RunError(f"checkpoint {resume} could not be loaded: {one_line(err)}") from None
+    try:
+        if cfg.report_to != "none":
+            acc.init_trackers(cfg.run_name, config={k: v for k, v in asdict(cfg).items() if v is not None})
+    except Exception as err:  # a tracker without login or network
+        raise RunError(f"--report_to={cfg.report_to} could not start: {one_line(err)}") from None
     if resume:
         log.say(f"resumed from {resume} at step {log.start}")
-    return acc, tok, model, ref, opt, log
+    return Run(acc, tok, model, ref, opt, log, coef=cfg.entropy_coef)
 
 def chat_prompt(tok, messages, model, cfg):  # [1, P] the chat's token ids; the context must hold P + max_new_tokens
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
@@ -957,7 +922,7 @@ def validate(cfg: Config):
             need(ok(getattr(cfg, name)), name, allowed)
     objective = OBJECTIVES[cfg.objective]
     need(cfg.clip_eps < 1 or objective.clips != "both", "clip_eps", "must be < 1 (a ratio below 0 is meaningless)")
-    need(cfg.temperature >= 1e-4, "temperature", "must be >= 1e-4 (logits / T must stay finite in float32)")
+    need(cfg.temperature >= 1e-4, "temperature", "must be >= 1e-4 (logits / tau must stay finite in float32)")
     need(cfg.task in TASKS or cfg.task.endswith(".jsonl"), "task", f"choose {', '.join(TASKS)} or a .jsonl file")
     task = TASKS[cfg.task](cfg) if cfg.task in TASKS else file_task(cfg)      # a file's bad line: one line here
     batch = cfg.prompts_per_step * cfg.group_size
@@ -1181,6 +1146,29 @@ def cache_arg(model, cache):  # {keyword: cache}: transformers 5.24 renamed past
 def kv_cache(out):  # the KV cache a forward returned, under either name
     return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
 
+def _chunk_logprobs(h, weight, bias, targets, temperature, entropy):
+    z = F.linear(h, weight, bias)                                                       # [n, V] one chunk
+    z = z.to(torch.promote_types(z.dtype, torch.float32)) / temperature                 # at least fp32
+    lse = torch.logsumexp(z, -1)                                                        # [n]
+    lp = z.gather(-1, targets[:, None]).squeeze(-1) - lse                               # [n]  log softmax(z)[y]
+    if entropy is None:
+        return lp, torch.zeros_like(lp)
+    with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):  # a logged value: no graph to keep
+        return lp, lse - (torch.softmax(z, -1) * z).sum(-1)                             # [n]  H = lse - E_p[z]
+
+def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128, entropy="grad"):
+    """log softmax(z / tau)[y] for the sampled tokens only, z = head(h) (§5): the LM head runs on the masked rows,
+    `chunk` at a time, each chunk recomputed in backward (checkpoint): never a full [B, T, V] tensor, fp32 or not.
+    entropy: "grad" (for an entropy bonus), "value" (logged only: backward's recompute stops at lp), or None (zeros)."""
+    rows = mask.flatten().nonzero().squeeze(1)                                          # [n] completion tokens
+    h, y = hidden.flatten(0, 1)[rows], targets.flatten()[rows]                          # [n, H], [n]
+    parts = [checkpoint(_chunk_logprobs, h[s:s + chunk], head.weight, head.bias, y[s:s + chunk], temperature,
+                        entropy, use_reentrant=False) for s in range(0, len(rows), chunk)]
+    empty = h.new_zeros(0, dtype=torch.promote_types(h.dtype, torch.float32))
+    lp, ent = (torch.cat(col) for col in zip(*parts)) if parts else (empty, empty)      # [n], [n]
+    spread = lambda x: x.new_zeros(mask.numel()).index_put((rows,), x).view_as(mask)    # [B, T], 0 off the mask
+    return spread(lp), spread(ent)
+
 @torch.inference_mode()
 def fast_sample(model, prompt_ids, n, cfg, eos, pad_id):
     """--sampler fast (auto on CPU): sample()'s contract, faster. The prompt runs once and its KV cache is copied into n
@@ -1244,7 +1232,7 @@ def prefix_attention_on(model, P):
 
 @torch.inference_mode()
 def generate_many(model, prompts, k, cfg, eos, pad_id, greedy=False, rows=32):
-    """k completions of each of many prompts ([P_i] each), `rows` at a time, greedy (argmax) or y ~ softmax(z / T):
+    """k completions of each of many prompts ([P_i] each), `rows` at a time, greedy (argmax) or y ~ softmax(z / tau):
     the evaluation's sampler. The prompts' common prefix runs once; each row then runs its own rest, left-padded (the
     pads masked, positions counted past them), and decodes; finished rows leave. Returns [n*k, T] (pad after EOS)."""
     L, first = min(len(p) for p in prompts) - 1, prompts[0]                            # every row keeps >= 1 token
@@ -1666,53 +1654,90 @@ def save_checkpoint(acc, cfg, next_step, spent, entropy_coef=0.0):
             except OSError as err:
                 raise RunError(f"could not delete the old checkpoint {old}: {one_line(err)}") from None
 
-def stop(acc, log, why, code):
-    log.say(why)
-    acc.wait_for_everyone()  # gloo must be done with the last gather first, or the exit below can deadlock
-    acc.end_training()
+def stop(run, why, code):
+    run.log.say(why)
+    run.acc.wait_for_everyone()  # gloo must be done with the last gather first, or the exit below can deadlock
+    run.acc.end_training()
     raise SystemExit(code)
 
-def clip_stats(r, A, m, cfg):
-    low = ((r < 1 - cfg.clip_eps) & (A < 0)).float() * m
-    high = ((r > 1 + cfg.clip_eps_high) & (A > 0)).float() * m
-    return {"clip/frac_low": (low.sum() / m.sum()).item(), "clip/frac_high": (high.sum() / m.sum()).item(),
-            "clip/frac": ((low + high).sum() / m.sum()).item()}
+@torch.no_grad()
+def evaluate(run, task, cfg, eos, step):
+    """The policy on the first --eval_size held-out instances (never trained on; each process a share): its greedy
+    completion's accuracy (the headline), reward and each part's rate; with --eval_samples k, the accuracy of k samples
+    at the training temperature and pass@k (their own seed: the run's samples stay as they would be without them)."""
+    if not cfg.eval_size or not task.held_out:
+        return {}
+    acc, model, tok, pad_id = run.acc, run.model, run.tok, run.tok.pad_token_id
+    t0, was_training, k = time.time(), model.training, cfg.eval_samples
+    mine = task.held_out[:cfg.eval_size][acc.process_index::acc.num_processes]       # this process's share
+    parts = list(task.score("", task.held_out[0]))                                    # the reward's parts, as named
+    sums = dict.fromkeys(["accuracy", "reward", "len_mean", "truncated_frac", *(f"credit/{p}" for p in parts),
+                          *(["sampled_accuracy", f"pass@{k}"] if k else [])], 0.0)   # the same keys on every process
+    if mine:
+        prompts = [chat_prompt(tok, task.messages(x), model, cfg)[0].to(acc.device) for x in mine]  # [P_i] each
+        model.eval()
+        with acc.autocast():
+            texts, mask, cut = decode(tok, generate_many(unwrap(model), prompts, 1, cfg, eos, pad_id, greedy=True),
+                                      eos)                                            # [n], [n, T], [n]
+            for text, x in zip(texts, mine):
+                score = task.score(text, x)
+                sums["accuracy"] += task.correct(text, x)
+                sums["reward"] += sum(score.values())
+                for p in parts:
+                    sums[f"credit/{p}"] += score[p] > 0
+            sums["len_mean"], sums["truncated_frac"] = mask.sum().item(), cut.sum().item()
+            if k:
+                with torch.random.fork_rng(devices=[acc.device] if acc.device.type == "cuda" else []):
+                    torch.manual_seed(seed_of("eval", cfg.seed, step, acc.process_index))
+                    texts = decode(tok, generate_many(unwrap(model), prompts, k, cfg, eos, pad_id), eos)[0]  # [n*k]
+                right = torch.tensor([float(task.correct(t, x)) for t, x in zip(texts, (x for x in mine
+                                                                                        for _ in range(k)))])
+                right = right.view(-1, k)                                                 # [n, k]
+                sums["sampled_accuracy"] = right.mean(1).sum().item()                   # mean@k, summed
+                sums[f"pass@{k}"] = right.max(1).values.sum().item()                     # any of k right, summed
+        model.train(was_training)
+    totals = acc.gather(torch.tensor([[*sums.values(), len(mine)]], dtype=torch.float64, device=acc.device)).sum(0)
+    return {**{f"eval/{name}": (totals[i] / totals[-1].clamp(min=1)).item() for i, name in enumerate(sums)},
+            "eval/n": int(totals[-1]), "eval/time": time.time() - t0}             # totals: [K + 1] over processes
 
-def log_eval(acc, log, step, m):  # one row of logs/<run>.eval.jsonl and one line, for each evaluation
+def log_eval(run, step, m):  # one row of logs/<run>.eval.jsonl and one line, for each evaluation
+    log = run.log
     if m:
         log.write(log.evals, json.dumps({"step": step, **m}))
         pass_k = "".join(f" | {k[5:]} {v:.3f}" for k, v in m.items() if k.startswith("eval/pass@"))
         log.say(f"eval {step:>4} | held-out accuracy {m['eval/accuracy']:.3f} of {m['eval/n']} | reward "
                 f"{m['eval/reward']:.3f}{pass_k} | {m['eval/time']:.1f}s")
 
-def after_step(acc, log, cfg, step, batch, kl_seq, ent, truncated, texts, parts, stats, coef):
+def after_step(run, cfg, step, batch, seen, stats):
     """Log the step (its best sample every 5 steps), checkpoint every --save_every; False once --time_limit is spent."""
+    acc, log, texts, R = run.acc, run.log, seen["texts"], seen["reward"]
     log.spent += acc.gather(torch.tensor([stats["time/step"]], device=acc.device)).max().item()  # alike everywhere
     last = step + 1 == cfg.num_steps or 0 < 60 * cfg.time_limit <= log.spent
-    m = {"step": step, **step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg)}
+    m = {"step": step, **step_metrics(acc, cfg, batch, seen, stats)}
     from accelerate.utils import gather_object
     m["instances"] = [asdict(x) if isinstance(x, Piecewise) else x.get("line") if isinstance(x, dict) else None
-                      for x in gather_object(batch["instances"])]  # what each group's prompt was
+                      for x in gather_object(seen["instances"])]  # what each group's prompt was
     log.write(log.jsonl, json.dumps(m))                                 # one JSON row per step, one readable line
     if cfg.log_samples:
-        log.write(log.samples, json.dumps({"step": step, "reward": batch["R"].tolist(), "text": texts}))
+        log.write(log.samples, json.dumps({"step": step, "reward": R.tolist(), "text": texts}))
     log.say(f"step {step:>4}/{cfg.num_steps} | reward {m['reward/mean']:.3f} (max {m['reward/max']:.2f}) | kl "
             f"{m.get('kl/k1', 0):.4f} | entropy {m['entropy']:.3f} | len {m['completion/len_mean']:.0f} | clip "
             f"{m.get('clip/frac', 0):.3f} | gnorm {m['optim/grad_norm']:.2f} | {m['time/step']:.1f}s")
     if cfg.report_to != "none":
         acc.log(m, step=step)
     if step % 5 == 0 or last:
-        best = int(batch["R"].argmax())
-        log.write(log.text, f"best sample of step {step} (reward {batch['R'][best].item():.2f}): {texts[best]!r}")
+        best = int(R.argmax())
+        log.write(log.text, f"best sample of step {step} (reward {R[best].item():.2f}): {texts[best]!r}")
     if cfg.save_every and (step + 1) % cfg.save_every == 0 and not last:
-        save_checkpoint(acc, cfg, step + 1, log.spent, coef)
+        save_checkpoint(acc, cfg, step + 1, log.spent, run.coef)
     if last and step + 1 < cfg.num_steps:
         log.say(f"stopping after step {step}: {log.spent / 60:.1f} minutes of steps (--time_limit {cfg.time_limit})")
     return not last
 
-def step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg):
-    """Every metric of a step, averaged over processes (max/min metrics take the max/min)."""
-    R, mask, A, lengths = batch["R"], batch["mask"], batch["adv"], batch["mask"].sum(1)
+def step_metrics(acc, cfg, batch, seen, stats):
+    """Every metric of a step, averaged over processes (max/min metrics take the max/min). R: the task's reward."""
+    R, mask, A, lengths = seen["reward"], batch["mask"], batch["adv"], batch["mask"].sum(1)
+    kl_seq, ent, truncated, parts = seen["kl_seq"], seen["entropy"], seen["truncated"], seen["parts"]
     stats = {**stats, **{f"credit/{k}": sum(p[k] > 0 for p in parts) / len(parts) for k in (parts[0] if parts else {})}}
     m = {"reward/mean": R.mean(), "reward/max": R.max(), "reward/std": R.std(),
          "reward/shaped_mean": (R - cfg.beta * kl_seq).mean() if cfg.kl_placement == "reward" else R.mean(),
@@ -1734,8 +1759,9 @@ def step_metrics(acc, batch, kl_seq, ent, truncated, parts, stats, cfg):
     return {k: (vals[:, i].max() if k.endswith(("max", "peak_mem_gb")) else vals[:, i].min() if k.endswith("min")
                 else vals[:, i].mean()).item() for i, k in enumerate(keys)}            # vals: [processes, K]
 
-def save_final(acc, cfg, model, tok, log):
+def save_final(run, cfg):
     """The final policy and tokenizer, loadable with AutoModelForCausalLM.from_pretrained."""
+    acc, model, tok, log = run.acc, run.model, run.tok, run.log
     state, final = acc.get_state_dict(model), final_dir(cfg)                    # (a collective)
 
     def write(tmp):

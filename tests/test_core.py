@@ -154,8 +154,8 @@ def test_entropy_bonus_gets_a_differentiable_entropy(tiny_model, tmp_path, monke
     """train(): with --entropy_coef or --entropy_target the loss sees the entropy with its graph (mu = 1 reuses the
     log-prob pass, mu = 2 runs the update's own); without either, a plain value."""
     seen, policy_loss = [], tg.policy_loss
-    monkeypatch.setattr(tg, "policy_loss", lambda b, cfg: seen.append(b["entropy"].requires_grad) or
-                        policy_loss(b, cfg))
+    monkeypatch.setattr(tg, "policy_loss", lambda b, cfg, coef: seen.append(b["entropy"].requires_grad) or
+                        policy_loss(b, cfg, coef))
     for coef, target, mu in ((0.01, 0.0, 1), (0.01, 0.0, 2), (0.0, 0.2, 1), (0.0, 0.0, 1), (0.0, 0.0, 2)):
         cfg = tg.resolve(tg.Config(model=tiny_model, group_size=4, max_new_tokens=6, num_steps=1, entropy_coef=coef,
                                    entropy_target=target, inner_epochs=mu, output_dir=str(tmp_path),
@@ -213,12 +213,13 @@ def test_step_metrics_credit_shares_and_reward_stats_by_hand():
     acc = SimpleNamespace(gather=lambda t: t, device="cpu")                       # one process: gather is identity
     cfg = tg.resolve(tg.Config(group_size=2, prompts_per_step=2, beta=0.0, model="bundled:x"), cuda=False)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]], dtype=torch.float32)  # lengths 2, 3, 1, 3
-    batch = dict(R=torch.tensor([0.3, 1.0, 0.0, 0.3]), mask=mask, adv=torch.tensor([1.0, -1.0, 0.0, 0.0]),
-                 old_lp=None, ref_lp=None)
+    batch = dict(R=torch.tensor([9.0, 9.0, 9.0, 9.0]), mask=mask, adv=torch.tensor([1.0, -1.0, 0.0, 0.0]),
+                 old_lp=None, ref_lp=None)                                        # R + shaping: the update's, not logged
     parts = [{"a": True, "boxed": False}, {"a": True, "boxed": True}, {"a": False, "boxed": False},
              {"a": True, "boxed": False}]
-    truncated = torch.tensor([False, True, False, True])
-    m = tg.step_metrics(acc, batch, torch.zeros(4), torch.zeros(4, 3), truncated, parts, {"time/generate": 2.0}, cfg)
+    seen = dict(reward=torch.tensor([0.3, 1.0, 0.0, 0.3]), truncated=torch.tensor([False, True, False, True]),
+                parts=parts, kl_seq=torch.zeros(4), entropy=torch.zeros(4, 3))
+    m = tg.step_metrics(acc, cfg, batch, seen, {"time/generate": 2.0})
     assert m["credit/a"] == pytest.approx(0.75) and m["credit/boxed"] == pytest.approx(0.25)
     assert m["reward/mean"] == pytest.approx(0.4) and m["reward/max"] == pytest.approx(1.0)
     assert m["reward/frac_zero_std_groups"] == pytest.approx(0.0)                 # groups (0.3, 1.0), (0.0, 0.3)

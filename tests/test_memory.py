@@ -110,8 +110,8 @@ def test_setup_leans_the_policy_mlps_on_cpu_in_fp32_only(tiny_model, tmp_path, m
         cfg = tg.resolve(tg.Config(model=tiny_model, group_size=2, max_new_tokens=4, num_steps=1,
                                    output_dir=str(tmp_path), log_dir=str(tmp_path), run_name="lean" + precision),
                          cuda=False)
-        acc, tok, model, ref = tg.setup(cfg)[:4]
-        assert leaned(tg.unwrap(model)) == [expect] * 2 and leaned(ref) == [False] * 2
+        run = tg.setup(cfg)
+        assert leaned(tg.unwrap(run.model)) == [expect] * 2 and leaned(run.ref) == [False] * 2
     AcceleratorState._reset_state(True)
 
 
