@@ -1446,7 +1446,8 @@ class RunLog:
     def say(self, text):  # to the terminal (above the progress bar) and to the .log file
         if self.active:
             from tqdm.auto import tqdm
-            tqdm.write(text), self.write(self.text, text)
+            tqdm.write(text)
+            self.write(self.text, text)
 
 def run_logs(cfg):  # the run's .jsonl, .log, --log_samples' and the evaluations' files
     return [f"{cfg.log_dir}/{cfg.run_name}.{e}" for e in ("jsonl", "log", "samples.jsonl.gz", "eval.jsonl")]

@@ -515,3 +515,18 @@ tg.main(sys.argv[1:])
     assert p.returncode == 0, p.stderr[-2000:]
     assert f"resumed from {partial.parent / 'step_000002'} at step 2" in p.stdout
     assert [json.loads(ln)["step"] for ln in open(tmp_path / "logs" / "r.jsonl")] == list(range(6))
+
+
+def test_the_file_reads_as_a_tutorial():
+    """The algorithm (§1-§8, above the marker) stays within its budget and in order; no line is over 120 characters;
+    the loop's phases are written out in train, and a step's config is never rebuilt (no replace(cfg, ...))."""
+    import inspect
+    src = open(os.path.join(ROOT, "transparent_grpo.py")).read().split("\n")
+    marker = next(i for i, ln in enumerate(src) if ln.startswith("# ###### The algorithm ends here"))
+    assert marker <= 580, f"§1-§8 is {marker} lines"
+    heads = [ln.split("=")[-1].split(".")[0].strip() for ln in src[:marker] if ln.startswith("# =====")]
+    assert heads == [str(i) for i in range(1, 9)]
+    assert [i + 1 for i, ln in enumerate(src) if len(ln) > 120] == []
+    loop = inspect.getsource(tg.train)
+    assert [p for p in ("1. Generate", "2. Reward", "3. KL", "4. Advantage", "5. Update") if p not in loop] == []
+    assert "replace(cfg" not in loop and "replace(cfg" not in inspect.getsource(tg.update)
