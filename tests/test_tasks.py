@@ -161,6 +161,29 @@ def test_left_padded_prompts_give_each_group_its_own_logprobs(loaded):
     assert same[1] is None and same[0].shape[0] == 6
 
 
+def test_left_padded_logprobs_count_positions_from_each_rows_first_token(loaded):
+    """The same with absolute position embeddings (a tiny GPT-2), where a row's positions change its log-probs (RoPE
+    is shift-invariant and would not tell): left-padded rows with attn equal each prompt alone, and the batch without
+    position ids does not (the check can fail)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    tok = loaded[0]
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=256, n_embd=32, n_layer=2, n_head=2,
+                                       initializer_range=0.5)).eval()               # large wpe: positions matter
+    prompts = [p[None] for p in _prompts(tok, ["say a", "a much longer prompt here", "x"])]
+    seqs, attn, P = tg.rollout(model, prompts, 2, tg.Config(max_new_tokens=5, temperature=1.0, sampler="plain"),
+                               [tok.eos_token_id], tok.pad_token_id)                 # [6, P+T]
+    mask = torch.ones(seqs.shape[0], seqs.shape[1] - P)                               # [6, T] every token
+    lp = tg.token_logprobs(model, seqs, P, mask, 1.0, attn=attn)[0]                    # [6, T]
+    alone = torch.stack([tg.token_logprobs(model, torch.cat([prompts[j // 2][0], seqs[j, P:]])[None],
+                                           prompts[j // 2].shape[1], mask[j:j + 1], 1.0)[0][0] for j in range(6)])
+    torch.testing.assert_close(lp, alone, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():                                                            # the mistake: positions from 0
+        h = model(input_ids=seqs, attention_mask=attn, output_hidden_states=True).hidden_states[-1][:, P - 1:-1]
+        wrong = torch.log_softmax(model.lm_head(h), -1).gather(-1, seqs[:, P:, None])[..., 0]  # [6, T]
+    assert (wrong[0] - alone[0]).abs().max() > 1e-3                                   # the shortest prompt's rows
+
+
 # ------------------------------------------------------------------ training on the family, evaluated as it goes
 def _cfg(model, tmp_path, *flags):
     return tg.parse_config(["--model", model, "--group_size", "4", "--max_new_tokens", "8", "--num_steps", "3",

@@ -16,6 +16,8 @@
 #     SEEDS=100-107 NAME=nocons EXTRA="--consistency_bonus 0" bash tests/tools/gpu_sweep.sh
 #     SEEDS=100-103 MODES=1gpu NAME=zs EXTRA="--advantage zscore" bash tests/tools/gpu_sweep.sh &
 #     SEEDS=0-15 MODES=1gpu NAME=x SCRIPT=path/to/tool.py bash tests/tools/gpu_sweep.sh  # a tool that calls main()
+#     STEPS=28 MODES=1gpu NAME=family EXTRA="--task family --eval_every 14 --eval_size 64" bash tests/tools/gpu_sweep.sh
+#         (and NAME=problem --task problem): README's "Does it generalise?" on 8 seeds; the held-out table follows
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 M=${M:-/tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf}; L=${L:-/tmp/runs}; N=${NAME:-gpu-defaults}; mkdir -p "$L"
@@ -31,7 +33,10 @@ MODES=${MODES:-1gpu zero2}; RUNS=()
 [[ " $MODES " == *" zero2 "* ]] && { $S --zero2 --name $N-zero2 -- $F > "$L/$N-zero2.txt" 2>&1 & RUNS+=($!); }
 wait "${RUNS[@]}"
 kill $WATCH
-python3 tests/tools/seeds.py --table "$L"/$N-*.jsonl | tee "$L/$N-table.md"
+python3 tests/tools/seeds.py --table "$L"/$N-*[0-9].jsonl | tee "$L/$N-table.md"
+if ls "$L"/$N-*.eval.jsonl > /dev/null 2>&1; then                  # --eval_size: held-out accuracy before and after
+  python3 tests/tools/seeds.py --held_out - "$L"/$N-*.eval.jsonl | tee "$L/$N-held-out.md"
+fi
 if [ -n "${OUT:-}" ]; then
   rm -f "$L"/*.console; tar czf "$OUT/$N-runs.tgz" -C "$L" . && echo "logs: \$OUT/$N-runs.tgz"
 fi
