@@ -457,6 +457,7 @@ def token_share(acc, mask, cfg):
 # ============================================================================ 8. Training loop
 def draw(pool, n, seed):  # the step's n instances, without replacement (the one problem: itself, n times)
     return pool * n if len(pool) == 1 else random.Random(seed).sample(pool, n)
+
 def train(cfg: "Config", reward_fn=None, messages=None):
     """GRPO on cfg.task; your own reward_fn(text, instance) -> float, or one chat (messages), replaces the task's."""
     from tqdm.auto import tqdm
