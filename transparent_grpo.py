@@ -848,6 +848,9 @@ def setup(cfg):
     log.say(f"device: {acc.device} | weights: {weights}{masters} | mixed precision: {acc.mixed_precision} | "
             f"processes: {acc.num_processes} | {acc.distributed_type.value} | CPU threads: {torch.get_num_threads()}")
     log.say("config: " + json.dumps({k: v for k, v in asdict(cfg).items() if v is not None}))
+    preset_adv, own = PRESETS.get(cfg.preset, {}).get("advantage"), OBJECTIVES[cfg.objective].advantage
+    if preset_adv not in (None, cfg.advantage) and cfg.advantage == own != "zscore":  # resolve: the objective's wins
+        log.say(f"advantage: {own}, {cfg.objective}'s own (not the {cfg.preset} preset's {preset_adv}: --advantage)")
     try:
         if resume:
             load_checkpoint(acc, resume)                                        # no pickle, RNG states checked
