@@ -22,7 +22,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step 
 """
 import contextlib, copy, functools, gzip, hashlib, importlib.util, inspect, json, math, os, random, re, resource, shutil
 import sys, time, weakref, zlib
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from shlex import quote as shlex_quote
 from typing import Callable, NamedTuple, Optional
 
@@ -32,53 +32,49 @@ from torch.utils.checkpoint import checkpoint
 from transformers.cache_utils import DynamicLayer
 
 # ============================================================================ 1. Config
-PRESETS = {  # one recipe per model; the model picks it (preset_for, §9), --preset names one; any flag you pass wins
-    "qwen2.5-3b": dict(model="Qwen/Qwen2.5-3B-Instruct", group_size=4, prompts_per_step=1, max_new_tokens=512,
-                       temperature=1.0, learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3,
-                       worked_examples=0, truncation_penalty=0.0, consistency_bonus=0.0, entropy_target=0.0,
-                       eval_size=64),
-    "smollm2-135m": dict(model="bundled:SmolLM2-135M-Instruct", group_size=16, prompts_per_step=1, max_new_tokens=192,
-                         temperature=0.8, learning_rate=2e-5, num_steps=28, beta=0.02, inner_epochs=1,
-                         worked_examples=2, truncation_penalty=0.1, consistency_bonus=0.3, advantage="gdpo",
-                         entropy_target=0.2, eval_size=32),
-}
-OBJECTIVE_DEFAULTS = {  # objective-specific defaults, applied before the presets (flags still win)
-    "dapo": dict(clip_eps_high=0.28), "gspo": dict(clip_eps=3e-4, clip_eps_high=4e-4),
-    "cispo": dict(clip_eps_high=4.0), "online_dpo": dict(beta=0.1, kl_placement="none"),
+PRESETS = {  # one recipe per model: the fields where it differs from the defaults below (the 3B recipe's); the
+    # model picks it (preset_for, §9), --preset names one; an objective's own values (§7) and any flag you pass win
+    "qwen2.5-3b": dict(model="Qwen/Qwen2.5-3B-Instruct"),
+    "smollm2-135m": dict(model="bundled:SmolLM2-135M-Instruct", group_size=16, max_new_tokens=192, temperature=0.8,
+                         learning_rate=2e-5, num_steps=28, inner_epochs=1, worked_examples=2, truncation_penalty=0.1,
+                         consistency_bonus=0.3, advantage="gdpo", entropy_target=0.2, eval_size=32),
 }
 
 def flag(default, help, **kw):
     return field(default=default, metadata={"help": help, **kw})
 
+def knob(default, help, **kw):  # a flag a preset or an objective may change: None (not given) until resolve (§9)
+    # fills it with the objective's value, else the preset's, else this default
+    return field(default=None, metadata={"help": f"{help} (default: {default})", "default": default, **kw})
+
 @dataclass
-class Recipe:  # the algorithm's flags: --name value (None: the preset's or the objective's); Config (§9) adds
-    # the plumbing's (dtype, sampler, seed, logs, checkpoints)
+class Recipe:  # the algorithm's flags, --name value, each with its default; Config (§9) adds the plumbing's
     model: str = flag("auto", "auto (GPU: Qwen2.5-3B-Instruct, CPU: bundled SmolLM2-135M), a hub id, folder or .gguf")
     preset: Optional[str] = flag(None, "a key of PRESETS (default: the model's own recipe, else the device's)")
     task: str = flag("problem", "problem (the toy problem, every group) | family (a fresh instance of its family a "
                      "group) | a .jsonl file of {\"prompt\", \"answer\"} rows (README: Your own task)")
     objective: str = flag("grpo", "policy loss, a key of OBJECTIVES (§7)")
     kl_estimator: str = flag("k1", "per-token KL estimator, a key of KL_ESTIMATORS (§6)")
-    kl_placement: Optional[str] = flag(None, "reward | loss | none: where beta*KL goes (default reward)")
-    advantage: Optional[str] = flag(None, "a key of ADVANTAGES (§6); default: the objective's own")
-    group_size: Optional[int] = flag(None, "G, samples per prompt")
-    prompts_per_step: Optional[int] = flag(None, "groups per step per process")
-    max_new_tokens: Optional[int] = flag(None, "completion length limit")
-    temperature: Optional[float] = flag(None, "sampling temperature; log-probs use the same")
-    learning_rate: Optional[float] = flag(None, "AdamW learning rate")
-    num_steps: Optional[int] = flag(None, "rollout + update steps")
-    beta: Optional[float] = flag(None, "KL coefficient (online_dpo: the DPO beta)")
-    clip_eps: Optional[float] = flag(None, "lower clip: ratio >= 1-eps (default 0.2)", aliases=["--clip_eps_low"])
-    clip_eps_high: Optional[float] = flag(None, "upper clip: ratio <= 1+eps (default clip_eps)")
-    inner_epochs: Optional[int] = flag(None, "mu, passes over each rollout")
-    minibatch_size: Optional[int] = flag(None, "sequences per optimizer step; divides the batch (default: all)")
-    worked_examples: Optional[int] = flag(None, "how many solved instances of the family (EXAMPLES) come first")
-    truncation_penalty: Optional[float] = flag(None, "shaping off a truncated completion (gdpo: sign only)")
-    consistency_bonus: Optional[float] = flag(None, "shaping: + box = stated a + b, - right box without a, b")
+    kl_placement: Optional[str] = knob("reward", "reward | loss | none: where beta*KL goes")
+    advantage: Optional[str] = knob("zscore", "a key of ADVANTAGES (§6); an objective may have its own")
+    group_size: Optional[int] = knob(4, "G, samples per prompt")
+    prompts_per_step: Optional[int] = knob(1, "groups per step per process")
+    max_new_tokens: Optional[int] = knob(512, "completion length limit")
+    temperature: Optional[float] = knob(1.0, "sampling temperature; log-probs use the same")
+    learning_rate: Optional[float] = knob(2e-6, "AdamW learning rate")
+    num_steps: Optional[int] = knob(20, "rollout + update steps")
+    beta: Optional[float] = knob(0.02, "KL coefficient (online_dpo: the DPO beta)")
+    clip_eps: Optional[float] = knob(0.2, "lower clip: ratio >= 1-eps", aliases=["--clip_eps_low"])
+    clip_eps_high: Optional[float] = knob("clip_eps", "upper clip: ratio <= 1+eps")
+    inner_epochs: Optional[int] = knob(3, "mu, passes over each rollout")
+    minibatch_size: Optional[int] = knob("all", "sequences per optimizer step; divides the batch")
+    worked_examples: Optional[int] = knob(0, "how many solved instances of the family (EXAMPLES) come first")
+    truncation_penalty: Optional[float] = knob(0.0, "shaping off a truncated completion (gdpo: sign only)")
+    consistency_bonus: Optional[float] = knob(0.0, "shaping: + box = stated a + b, - right box without a, b")
     truncation_weight: float = flag(1.0, "gdpo: the truncation column's w_k in the sum of z-scores (a credit's: 1)")
     max_grad_norm: float = flag(1.0, "gradient clipping norm (0: none)")
     entropy_coef: float = flag(0.0, "entropy bonus coefficient (with --entropy_target: its start)")
-    entropy_target: Optional[float] = flag(None, "adaptive bonus: the token entropy its coefficient steers to (0: off)")
+    entropy_target: Optional[float] = knob(0.0, "adaptive bonus: the token entropy its coefficient steers to (0: off)")
     entropy_step: float = flag(5e-3, "adaptive bonus: the coefficient's change per step")
     entropy_coef_max: float = flag(0.1, "adaptive bonus: the coefficient's cap")
     ref_update_every: int = flag(0, "copy the policy into the reference every N steps (0: never)")
@@ -411,21 +407,23 @@ AGGREGATE = {  # how per-token losses [B, T] become one number
 class Objective(NamedTuple):  # a row of OBJECTIVES: the loss and what it needs from the rest of the step
     loss: Callable               # (minibatch, cfg, agg) -> (loss, stats)
     agg: str                     # how per-token losses average: a key of AGGREGATE
-    advantage: str               # its advantage unless --advantage says otherwise: a key of ADVANTAGES
+    advantage: str = None        # its own advantage (a key of ADVANTAGES), else the preset's, else zscore
     clips: str = "both"          # the ratio clip it reads: both (--clip_eps, --clip_eps_high) | high | none
     critic: bool = False         # a value head: token advantages from GAE (--gamma, --lam, --vf_coef, --vf_clip)
     pairs: bool = False          # compares samples of a group: minibatches keep groups whole; its KL is built in
+    defaults: dict = {}          # its own defaults for flags (a preset's and the Recipe's give way; yours win)
 
 OBJECTIVES = {  # a new objective: one function above and one row here
-    "grpo": Objective(clipped_surrogate, "seq_mean", "zscore"),
+    "grpo": Objective(clipped_surrogate, "seq_mean"),
     "dr_grpo": Objective(clipped_surrogate, "max_len", "mean"),
-    "dapo": Objective(clipped_surrogate, "token_mean", "zscore"),
-    "gspo": Objective(gspo, "seq_mean", "zscore"),
-    "cispo": Objective(cispo, "token_mean", "zscore", clips="high"),
+    "dapo": Objective(clipped_surrogate, "token_mean", defaults=dict(clip_eps_high=0.28)),
+    "gspo": Objective(gspo, "seq_mean", defaults=dict(clip_eps=3e-4, clip_eps_high=4e-4)),
+    "cispo": Objective(cispo, "token_mean", clips="high", defaults=dict(clip_eps_high=4.0)),
     "reinforce": Objective(reinforce, "seq_sum", "none", clips="none"),
     "rloo": Objective(reinforce, "seq_sum", "rloo", clips="none"),
     "ppo": Objective(ppo, "token_mean", "gae", critic=True),
-    "online_dpo": Objective(online_dpo, "seq_mean", "zscore", clips="none", pairs=True),
+    "online_dpo": Objective(online_dpo, "seq_mean", clips="none", pairs=True, defaults=dict(beta=0.1,
+                                                                                          kl_placement="none")),
 }
 
 def policy_loss(b, cfg, entropy_coef=None):
@@ -627,8 +625,8 @@ class Config(Recipe):  # every flag of the script: the Recipe's (§1), then the 
                                    "unpickle a checkpoint on --resume; off: one error line instead")
     report_to: str = flag("none", "none | tensorboard | wandb (the JSONL log is always written)")
     max_bad_updates: int = flag(3, "stop after this many non-finite updates in a row")
-    eval_size: Optional[int] = flag(None, "held-out instances evaluated before step 0, every --eval_every and at the "
-                                    "end (0: none; default: the preset's)")
+    eval_size: Optional[int] = knob(64, "held-out instances evaluated before step 0, every --eval_every and at the "
+                                    "end (0: none)")
     eval_every: int = flag(0, "also evaluate every N steps (0: only before the first step and after the last)")
     eval_samples: int = flag(0, "also k samples an instance at the training temperature: pass@k (0: greedy only)")
     eval_fraction: float = flag(0.1, "a .jsonl task: the share of its rows held out (chosen by a hash of the row)")
@@ -732,22 +730,18 @@ def preset_for(model, cuda):
     return "qwen2.5-3b" if cuda or "qwen2.5-3b" in name else "smollm2-135m"
 
 def resolve(cfg: Config, cuda: bool) -> Config:
-    """Fill the None fields: the objective's defaults (and its own advantage) first, then the model's preset, then
-    plain fallbacks."""
-    own = OBJECTIVES[cfg.objective].advantage if cfg.objective in OBJECTIVES else "zscore"
+    """Fill the flags not given (None): the objective's row (§7: its advantage, its defaults) first, then the model's
+    preset (§1), then the defaults declared beside each flag."""
+    objective = OBJECTIVES.get(cfg.objective, Objective(None, None))      # an unknown one: validate says so
     cfg.preset = preset_for(cfg.model, cuda) if cfg.preset is None else cfg.preset  # '' stays: validate says no
-    for src in (OBJECTIVE_DEFAULTS.get(cfg.objective, {}) | ({} if own == "zscore" else {"advantage": own}),
-                PRESETS.get(cfg.preset, {})):
+    declared = {f.name: f.metadata["default"] for f in fields(cfg) if "default" in f.metadata}
+    for src in ({"advantage": objective.advantage} | objective.defaults, PRESETS.get(cfg.preset, {}), declared):
         for k, v in src.items():
-            if getattr(cfg, k) is None or (k == "model" and cfg.model == "auto"):
+            if v is not None and (getattr(cfg, k) is None or (k == "model" and cfg.model == "auto")):
                 setattr(cfg, k, v)
-    cfg.kl_placement = "reward" if cfg.kl_placement is None else cfg.kl_placement
-    if cfg.advantage is None:
-        cfg.advantage = OBJECTIVES[cfg.objective].advantage if cfg.objective in OBJECTIVES else None
-    cfg.clip_eps = 0.2 if cfg.clip_eps is None else cfg.clip_eps
-    cfg.clip_eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
-    if cfg.minibatch_size is None and None not in (cfg.prompts_per_step, cfg.group_size):  # (an unknown --preset:
-        cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size                     # None, validate says so)
+    cfg.clip_eps_high = cfg.clip_eps if cfg.clip_eps_high == "clip_eps" else cfg.clip_eps_high
+    if cfg.minibatch_size == "all":
+        cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size
     tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
     if cfg.run_name is None:
         cfg.run_name = f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
@@ -849,7 +843,7 @@ def setup(cfg):
             f"processes: {acc.num_processes} | {acc.distributed_type.value} | CPU threads: {torch.get_num_threads()}")
     log.say("config: " + json.dumps({k: v for k, v in asdict(cfg).items() if v is not None}))
     preset_adv, own = PRESETS.get(cfg.preset, {}).get("advantage"), OBJECTIVES[cfg.objective].advantage
-    if preset_adv not in (None, cfg.advantage) and cfg.advantage == own != "zscore":  # resolve: the objective's wins
+    if preset_adv not in (None, cfg.advantage) and cfg.advantage == own:  # resolve: the objective's own wins
         log.say(f"advantage: {own}, {cfg.objective}'s own (not the {cfg.preset} preset's {preset_adv}: --advantage)")
     try:
         if resume:
@@ -1124,7 +1118,15 @@ def flag_error(message):
 def parse_config(argv=None, cuda=None) -> Config:
     from transformers import HfArgumentParser
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = HfArgumentParser(Config, allow_abbrev=False)                   # --gam is no --gamma
+    import argparse
+
+    class Help(argparse.ArgumentDefaultsHelpFormatter):  # a knob's help names its default itself (None: not given)
+        def _get_help_string(self, action):
+            return action.help if action.default is None else super()._get_help_string(action)
+    presets = "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in p.items()) for name, p in PRESETS.items())
+    parser = HfArgumentParser(Config, allow_abbrev=False, formatter_class=Help,  # --gam is no --gamma
+                              description=f"The model picks a preset, which changes these defaults: {presets}. An "
+                              "objective may have its own (OBJECTIVES, §7). A flag you pass wins over both.")
 
     def error(message):  # argparse would print its usage and exit: one line instead
         raise ConfigError(flag_error(message))

@@ -1,4 +1,5 @@
 """Masks, log-probs and the K1-in-reward advantage, against exact answers."""
+from dataclasses import fields
 from types import SimpleNamespace
 
 import pytest
@@ -362,3 +363,42 @@ def test_gdpo_weights_the_truncation_column_by_truncation_weight():
     torch.testing.assert_close(A0, tg.gdpo(C0))
     cut = truncated.nonzero().flatten()
     assert (A1[0, cut] < A3[0, cut]).all() and (A3[0, cut] < A0[0, cut]).all()
+
+
+THE_3B = dict(model="Qwen/Qwen2.5-3B-Instruct", group_size=4, prompts_per_step=1, max_new_tokens=512, temperature=1.0,
+              learning_rate=2e-6, num_steps=20, beta=0.02, inner_epochs=3, worked_examples=0, truncation_penalty=0.0,
+              consistency_bonus=0.0, entropy_target=0.0, eval_size=64, advantage="zscore", kl_placement="reward",
+              clip_eps=0.2, clip_eps_high=0.2, minibatch_size=4)
+THE_SMALL = dict(THE_3B, model="bundled:SmolLM2-135M-Instruct", group_size=16, max_new_tokens=192, temperature=0.8,
+                 learning_rate=2e-5, num_steps=28, inner_epochs=1, worked_examples=2, truncation_penalty=0.1,
+                 consistency_bonus=0.3, advantage="gdpo", entropy_target=0.2, eval_size=32, minibatch_size=16)
+
+
+@pytest.mark.parametrize("cuda, recipe", [(True, THE_3B), (False, THE_SMALL)])
+def test_defaults_beside_their_flags_and_presets_as_differences_give_the_two_recipes(cuda, recipe):
+    """Every value of both recipes, pinned: the defaults declared beside the flags (the 3B recipe's), the small preset
+    as the fields that differ; then each objective's own values, which a preset gives way to and a flag beats."""
+    cfg = tg.resolve(tg.Config(), cuda=cuda)
+    assert {k: getattr(cfg, k) for k in recipe} == recipe
+    assert tg.PRESETS["qwen2.5-3b"] == dict(model=THE_3B["model"])                  # the defaults are the 3B recipe
+    own = {"dr_grpo": dict(advantage="mean"), "dapo": dict(clip_eps_high=0.28),
+           "gspo": dict(clip_eps=3e-4, clip_eps_high=4e-4), "cispo": dict(clip_eps_high=4.0),
+           "reinforce": dict(advantage="none"), "rloo": dict(advantage="rloo"), "ppo": dict(advantage="gae"),
+           "online_dpo": dict(beta=0.1, kl_placement="none")}
+    for objective in tg.OBJECTIVES:
+        cfg = tg.resolve(tg.Config(objective=objective), cuda=cuda)
+        assert {k: getattr(cfg, k) for k in recipe} == {**recipe, **own.get(objective, {})}, objective
+    passed = tg.resolve(tg.Config(objective="gspo", clip_eps=0.1, advantage="mean", group_size=8), cuda=cuda)
+    assert (passed.clip_eps, passed.clip_eps_high, passed.advantage, passed.minibatch_size) == (0.1, 4e-4, "mean", 8)
+    assert tg.resolve(tg.Config(clip_eps=0.3), cuda=cuda).clip_eps_high == 0.3       # its default: clip_eps
+
+
+def test_help_shows_each_declared_default(capsys):
+    """--help: a knob (None until resolve) shows the default declared beside it, once, and never 'None'."""
+    with pytest.raises(SystemExit):
+        tg.parse_config(["--help"], cuda=False)
+    text = " ".join(capsys.readouterr().out.split())
+    for f in fields(tg.Config):
+        if "default" in f.metadata:
+            assert f"(default: {f.metadata['default']})" in text, f.name
+    assert "(default: None)" not in text and "(default: 4) (default" not in text
