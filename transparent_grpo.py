@@ -407,7 +407,7 @@ AGGREGATE = {  # how per-token losses [B, T] become one number
 class Objective(NamedTuple):  # a row of OBJECTIVES: the loss and what it needs from the rest of the step
     loss: Callable               # (minibatch, cfg, agg) -> (loss, stats)
     agg: str                     # how per-token losses average: a key of AGGREGATE
-    advantage: str = None        # its own advantage (a key of ADVANTAGES), else the preset's, else zscore
+    advantage: Optional[str] = None  # its own advantage (a key of ADVANTAGES), else the preset's, else zscore
     clips: str = "both"          # the ratio clip it reads: both (--clip_eps, --clip_eps_high) | high | none
     critic: bool = False         # a value head: token advantages from GAE (--gamma, --lam, --vf_coef, --vf_clip)
     pairs: bool = False          # compares samples of a group: minibatches keep groups whole; its KL is built in
