@@ -206,10 +206,12 @@ TASKS = {  # --task: the one problem (every group, every step), or a fresh insta
 def reward_columns(parts, shaping, truncated, cfg):
     """[N, K + 2]: the learning reward in parts, summing to R + shaping: each part of the task's score (the toy: each
     step's weight where earned; your own reward: R itself), -truncation_penalty where truncated, +-consistency_bonus
-    where the box is / is not backed by the stated a and b (at 0.3, the box's weight, a guessed box earns nothing)."""
+    where the box is / is not backed by the stated a and b (at 0.3, the box's weight, a guessed box earns nothing);
+    and [K + 2] each column's weight w_k in gdpo's sum (§6): 1, the truncation column's --truncation_weight."""
     shaped = [[*part.values(), -cfg.truncation_penalty * cut, cfg.consistency_bonus * bonus]
               for part, bonus, cut in zip(parts, shaping, truncated.tolist())]
-    return torch.tensor(shaped, dtype=torch.float32)                                    # [N, K + 2]
+    w = [1.0] * len(parts[0]) + [cfg.truncation_weight, 1.0]
+    return torch.tensor(shaped, dtype=torch.float32), torch.tensor(w)                  # [N, K + 2], [K + 2]
 
 # ============================================================================ 3. Models
 # load_model (§9) reads a hub id, a folder, a .gguf file or the bundled SmolLM2; the algorithm needs only its EOS ids.
@@ -298,14 +300,13 @@ def gdpo(C, w=1.0):  # GDPO (Liu et al. 2026): each part z-scored in its group, 
     std = A.std() if A.numel() > 1 else A.new_zeros(())
     return torch.where(std < 1e-6, 0.0, A / std.clamp(min=1e-6))                        # [Q, G]
 
-ADVANTAGES = {  # task-reward advantage within each group; R: [Q, G]
-    "zscore": zscore,                                                                  # GRPO
-    "mean": lambda R: R - R.mean(1, keepdim=True),                                     # Dr.GRPO
-    "rloo": lambda R: (R - R.mean(1, keepdim=True)) * R.shape[1] / (R.shape[1] - 1),   # R_i - mean_{j!=i} R_j
-    "none": lambda R: R,                                                               # plain REINFORCE
-    "gae": lambda R: R - R.mean(1, keepdim=True),  # ppo: token advantages come from gae() below; this is only logged
-    "gdpo": gdpo,                             # each part of the reward on its own scale (C: [Q, G, K], w: [K])
-}
+ADVANTAGES = {  # the task reward's advantage within each group, from R: [Q, G] or its parts C: [Q, G, K] (weights w)
+    "zscore": lambda R, C, w: zscore(R),                                                # GRPO
+    "mean": lambda R, C, w: R - R.mean(1, keepdim=True),                                # Dr.GRPO
+    "rloo": lambda R, C, w: (R - R.mean(1, keepdim=True)) * R.shape[1] / (R.shape[1] - 1),  # R_i - mean_{j!=i} R_j
+    "none": lambda R, C, w: R,                                                          # plain REINFORCE
+    "gdpo": lambda R, C, w: gdpo(C, w),                                                 # each part on its own scale
+}  # ppo's advantages come from its critic (gae below), online_dpo's from pairs: their --advantage is None (§9)
 
 def sequence_kl(lp, ref_lp, mask, estimator):
     """Per-token k(l), l = logpi - logpi_ref, and their sum per completion; detached: it scales the score function."""
@@ -313,15 +314,12 @@ def sequence_kl(lp, ref_lp, mask, estimator):
     kl_tok = KL_ESTIMATORS[estimator](l) * mask                                         # [B, T]
     return kl_tok, kl_tok.sum(1)                                                        # [B, T], [B]
 
-def advantages(R, kl_seq, cfg, C=None):
-    """A_i = ADV(R)_i - beta * (KL_i - mean_{j!=i} KL_j).   R, kl_seq: [Q, G] -> [Q, G]; gdpo reads C: [Q, G, K]
+def advantages(R, kl_seq, cfg, C=None, w=None):
+    """A_i = ADV(R)_i - beta * (KL_i - mean_{j!=i} KL_j).   R, kl_seq: [Q, G] -> [Q, G]; R's parts C: [Q, G, K], w: [K]
     The KL part (K1 in the reward) is added after normalising R and never divided by std(R): beta keeps its meaning."""
-    if cfg.advantage == "gdpo" and C is not None:  # C's columns: the task's, truncation (-2), consistency (-1)
-        w = torch.ones(C.shape[-1], device=C.device)                                    # [K] w_k: 1 a part,
-        w[-2] = cfg.truncation_weight                                                   # but truncation's
-        A = ADVANTAGES["gdpo"](C, w)                                                    # [Q, G]
-    else:
-        A = ADVANTAGES[cfg.advantage](R)                                                # [Q, G]
+    C = R[..., None] if C is None else C                                                # [Q, G, K] (one part: R)
+    w = torch.ones(C.shape[-1], dtype=C.dtype, device=C.device) if w is None else w     # [K]
+    A = ADVANTAGES[cfg.advantage](R, C, w) if cfg.advantage else torch.zeros_like(R)    # [Q, G]
     if cfg.kl_placement == "reward":
         G = kl_seq.shape[1]
         A = A - cfg.beta * (kl_seq - kl_seq.mean(1, keepdim=True)) * G / (G - 1)        # leave-one-out baseline
@@ -421,7 +419,7 @@ OBJECTIVES = {  # a new objective: one function above and one row here
     "cispo": Objective(cispo, "token_mean", clips="high", defaults=dict(clip_eps_high=4.0)),
     "reinforce": Objective(reinforce, "seq_sum", "none", clips="none"),
     "rloo": Objective(reinforce, "seq_sum", "rloo", clips="none"),
-    "ppo": Objective(ppo, "token_mean", "gae", critic=True),
+    "ppo": Objective(ppo, "token_mean", critic=True),
     "online_dpo": Objective(online_dpo, "seq_mean", clips="none", pairs=True, defaults=dict(beta=0.1,
                                                                                           kl_placement="none")),
 }
@@ -501,9 +499,10 @@ def train(cfg: "Config", reward_fn=None, messages=None):
 
         # ---- 4. Advantage: the reward normalised in each group (gdpo: part by part), minus beta * (KL_i - mean_j KL_j)
         shaping = [task.shaping(t, x) for t, x in zip(texts, rows)]                        # [N] +1 / 0 / -1
-        C = reward_columns(parts, shaping, truncated, cfg).to(R.device).unflatten(0, (-1, G))  # [Q, G, K]
+        C, w = (x.to(R.device) for x in reward_columns(parts, shaping, truncated, cfg))      # [N, K], [K]
+        C = C.unflatten(0, (-1, G))                                                        # [Q, G, K]
         R_learn = C.sum(-1).flatten()                                                      # [N] R + shaping
-        A, returns = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C).flatten(), None  # [N]
+        A, returns = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C, w).flatten(), None  # [N]
         if critic:                                                                         # per token, from a critic
             A, returns = ppo_advantages(R_learn, kl_tok, old_values, mask, cfg, lambda x: gather_rows(acc, x))
 
@@ -735,10 +734,13 @@ def resolve(cfg: Config, cuda: bool) -> Config:
     objective = OBJECTIVES.get(cfg.objective, Objective(None, None))      # an unknown one: validate says so
     cfg.preset = preset_for(cfg.model, cuda) if cfg.preset is None else cfg.preset  # '' stays: validate says no
     declared = {f.name: f.metadata["default"] for f in fields(cfg) if "default" in f.metadata}
+    passed_advantage = cfg.advantage
     for src in ({"advantage": objective.advantage} | objective.defaults, PRESETS.get(cfg.preset, {}), declared):
         for k, v in src.items():
             if v is not None and (getattr(cfg, k) is None or (k == "model" and cfg.model == "auto")):
                 setattr(cfg, k, v)
+    if objective.critic or objective.pairs:   # ppo's advantages come from its critic, online_dpo's from pairs: no
+        cfg.advantage = passed_advantage      # row of ADVANTAGES (one you pass stops the run: IGNORED)
     cfg.clip_eps_high = cfg.clip_eps if cfg.clip_eps_high == "clip_eps" else cfg.clip_eps_high
     if cfg.minibatch_size == "all":
         cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size
@@ -842,9 +844,10 @@ def setup(cfg):
     log.say(f"device: {acc.device} | weights: {weights}{masters} | mixed precision: {acc.mixed_precision} | "
             f"processes: {acc.num_processes} | {acc.distributed_type.value} | CPU threads: {torch.get_num_threads()}")
     log.say("config: " + json.dumps({k: v for k, v in asdict(cfg).items() if v is not None}))
-    preset_adv, own = PRESETS.get(cfg.preset, {}).get("advantage"), OBJECTIVES[cfg.objective].advantage
-    if preset_adv not in (None, cfg.advantage) and cfg.advantage == own:  # resolve: the objective's own wins
-        log.say(f"advantage: {own}, {cfg.objective}'s own (not the {cfg.preset} preset's {preset_adv}: --advantage)")
+    preset_adv, objective = PRESETS.get(cfg.preset, {}).get("advantage"), OBJECTIVES[cfg.objective]
+    if preset_adv not in (None, cfg.advantage) and cfg.advantage == objective.advantage:  # the objective's own wins
+        own = cfg.advantage or ("GAE on its value head" if objective.critic else "none, it compares pairs")
+        log.say(f"advantage: {own}, {cfg.objective}'s own (not the {cfg.preset} preset's {preset_adv})")
     try:
         if resume:
             load_checkpoint(acc, resume)                                        # no pickle, RNG states checked
@@ -913,6 +916,8 @@ def validate(cfg: Config):
     choices = dict(preset=sorted(PRESETS), objective=sorted(OBJECTIVES), kl_estimator=sorted(KL_ESTIMATORS),
                    advantage=sorted(ADVANTAGES), kl_placement=["reward", "loss", "none"], sampler=["auto", "plain",
                    *SAMPLERS], dtype=["auto", "fp32", "amp", "bf16"], report_to=["none", "tensorboard", "wandb"])
+    if cfg.advantage is None:  # ppo, online_dpo: their own advantages (resolve)
+        del choices["advantage"]
     for name, allowed in choices.items():
         need(getattr(cfg, name) in allowed, name, "choose one of " + ", ".join(allowed))
     for names, ok, allowed in RULES:
@@ -1059,7 +1064,13 @@ def _works(fn):
 
 def _writable(folder):
     probe = os.path.join(folder, f".write-test-{os.getpid()}")  # one per process: all of them probe at once
-    return _works(lambda: os.makedirs(folder, exist_ok=True) or open(probe, "w").close() or os.remove(probe))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        open(probe, "w").close()
+        os.remove(probe)
+        return True
+    except OSError:
+        return False
 
 def one_line(err):
     text = str(err).strip()

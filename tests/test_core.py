@@ -176,14 +176,14 @@ def test_k1_in_reward_scales_with_beta_when_rewards_tie():
     kl = torch.tensor([[0.1, 0.4, 0.2, 0.9], [0.3, 0.3, 0.1, 0.5]], dtype=torch.float64)
     A1 = tg.advantages(R, kl, _cfg(beta=0.02, advantage="zscore"))
     A2 = tg.advantages(R, kl, _cfg(beta=0.04, advantage="zscore"))
-    task = tg.ADVANTAGES["zscore"](R)
+    task = tg.zscore(R)
     torch.testing.assert_close(A2 - task, 2 * (A1 - task))                               # the KL part doubles
     # exact value: -beta * (KL_i - mean_{j != i} KL_j); in the tied group the task part is exactly 0
     loo = kl - (kl.sum(1, keepdim=True) - kl) / 3
     torch.testing.assert_close(A1, task - 0.02 * loo)
     assert torch.all(task[0] == 0)
     # the upstream order (subtract, then divide by the group std) loses beta: both betas give the same advantage
-    upstream = lambda b: tg.ADVANTAGES["zscore"](R - b * kl)
+    upstream = lambda b: tg.zscore(R - b * kl)
     torch.testing.assert_close(upstream(0.02)[0], upstream(0.04)[0])
 
 
@@ -194,9 +194,9 @@ def test_a_tied_group_gets_exactly_zero_task_advantage_in_float32():
     values = [k / 20 for k in range(21)] + [k / 13 for k in range(14)]
     for v in values + [v - 0.1 for v in values]:
         R = torch.full((1, 8), v, dtype=torch.float32)
-        assert torch.all(tg.ADVANTAGES["zscore"](R) == 0), v
+        assert torch.all(tg.zscore(R) == 0), v
     R = torch.tensor([[0.7] * 7 + [0.65]])                                              # one differs: z-scored
-    torch.testing.assert_close(tg.ADVANTAGES["zscore"](R), (R - R.mean()) / R.std())
+    torch.testing.assert_close(tg.zscore(R), (R - R.mean()) / R.std())
 
 
 def test_sequence_kl_is_detached():
@@ -270,18 +270,19 @@ def test_gdpo_zscores_each_part_then_the_sum():
         for k in range(2):
             col = C[p, :, k]
             z[p] += (col - col.mean()) / col.std()
-    torch.testing.assert_close(tg.ADVANTAGES["gdpo"](C), z / z.std())
-    assert not torch.allclose(tg.ADVANTAGES["gdpo"](C), tg.ADVANTAGES["zscore"](C.sum(-1)))
+    torch.testing.assert_close(tg.gdpo(C), z / z.std())
+    assert not torch.allclose(tg.gdpo(C), tg.zscore(C.sum(-1)))
     # a sample that finds a rare 0.1 step but misses the 0.3 box that the other 7 have: the summed reward's z-score
     # pushes it down; GDPO counts the found step as much as the missed box
     C = torch.zeros(1, 8, 2)
     C[0, 1:, 0], C[0, 0, 1] = 0.3, 0.1
-    assert tg.ADVANTAGES["zscore"](C.sum(-1))[0, 0] < -1 and abs(tg.ADVANTAGES["gdpo"](C)[0, 0]) < 1e-6
-    assert torch.all(tg.ADVANTAGES["gdpo"](torch.full((2, 8, 3), 0.7)) == 0)           # ties: exactly 0, no 0/0
+    assert tg.zscore(C.sum(-1))[0, 0] < -1 and abs(tg.gdpo(C)[0, 0]) < 1e-6
+    assert torch.all(tg.gdpo(torch.full((2, 8, 3), 0.7)) == 0)           # ties: exactly 0, no 0/0
 
 
-def toy_columns(texts, truncated, cfg):  # the toy problem's reward columns, as train() builds them
-    return tg.reward_columns([tg.credits(t) for t in texts], [tg.consistent(t) for t in texts], truncated, cfg)
+def toy_columns(texts, truncated, cfg, weights=False):  # the toy problem's reward columns (and w), as train() builds
+    C, w = tg.reward_columns([tg.credits(t) for t in texts], [tg.consistent(t) for t in texts], truncated, cfg)
+    return (C, w) if weights else C
 
 
 def test_a_guessed_box_moves_no_gdpo_advantage():
@@ -306,16 +307,17 @@ def test_reward_columns_sum_to_the_learning_reward_and_gdpo_reads_them():
              "nothing"]
     truncated = torch.tensor([False, False, True, True])
     R = torch.tensor([tg.toy_reward(t) for t in texts])
-    C = toy_columns(texts, truncated, cfg)                           # [4, K + 2]
+    C, w = toy_columns(texts, truncated, cfg, weights=True)          # [4, K + 2], [K + 2]
+    assert w.tolist() == [1.0] * len(tg.CREDIT) + [cfg.truncation_weight, 1.0]
     shaping = torch.tensor([0.3, -0.3, 0.2, -0.1])  # 0: a + b, right; 1: the right box without a; 2: a + b, wrong
     torch.testing.assert_close(C.sum(1), R + shaping)
     assert C.shape[1] == len(tg.CREDIT) + 2
-    own = tg.reward_columns([{"reward": r} for r in (1.0, 2.0, 3.0, 4.0)], [0] * 4, truncated, cfg)
+    own = tg.reward_columns([{"reward": r} for r in (1.0, 2.0, 3.0, 4.0)], [0] * 4, truncated, cfg)[0]
     torch.testing.assert_close(own.sum(1), torch.tensor([1.0, 2.0, 2.9, 3.9]))         # no consistency bonus
     parts, kl = C.unflatten(0, (1, 4)), torch.zeros(1, 4)
-    torch.testing.assert_close(tg.advantages(C.sum(1)[None], kl, cfg, parts), tg.ADVANTAGES["gdpo"](parts))
+    torch.testing.assert_close(tg.advantages(C.sum(1)[None], kl, cfg, parts, w), tg.gdpo(parts))
     torch.testing.assert_close(tg.advantages(C.sum(1)[None], kl, _cfg(advantage="zscore"), parts),
-                               tg.ADVANTAGES["zscore"](C.sum(1)[None]))
+                               tg.zscore(C.sum(1)[None]))
 
 
 def test_under_gdpo_a_shaping_term_counts_by_its_sign_not_its_size():
@@ -349,8 +351,8 @@ def test_gdpo_weights_the_truncation_column_by_truncation_weight():
 
     def A(**kw):
         cfg = _cfg(advantage="gdpo", truncation_penalty=0.1, consistency_bonus=0.3, **kw)
-        C = toy_columns(texts, truncated, cfg)[None]                 # [1, 8, K + 2]
-        return tg.advantages(C.sum(-1), kl, cfg, C), C
+        C, w = toy_columns(texts, truncated, cfg, weights=True)      # [8, K + 2], [K + 2]: as train() passes them
+        return tg.advantages(C.sum(-1)[None], kl, cfg, C[None], w), C[None]
     A1, C = A()
     A0, A3 = A(truncation_weight=0.0)[0], A(truncation_weight=0.3)[0]
     z = tg.zscore(C.permute(0, 2, 1).flatten(0, 1)).view(C.shape[2], 8).T              # [8, K + 2] by hand
@@ -383,8 +385,8 @@ def test_defaults_beside_their_flags_and_presets_as_differences_give_the_two_rec
     assert tg.PRESETS["qwen2.5-3b"] == dict(model=THE_3B["model"])                  # the defaults are the 3B recipe
     own = {"dr_grpo": dict(advantage="mean"), "dapo": dict(clip_eps_high=0.28),
            "gspo": dict(clip_eps=3e-4, clip_eps_high=4e-4), "cispo": dict(clip_eps_high=4.0),
-           "reinforce": dict(advantage="none"), "rloo": dict(advantage="rloo"), "ppo": dict(advantage="gae"),
-           "online_dpo": dict(beta=0.1, kl_placement="none")}
+           "reinforce": dict(advantage="none"), "rloo": dict(advantage="rloo"), "ppo": dict(advantage=None),
+           "online_dpo": dict(beta=0.1, kl_placement="none", advantage=None)}
     for objective in tg.OBJECTIVES:
         cfg = tg.resolve(tg.Config(objective=objective), cuda=cuda)
         assert {k: getattr(cfg, k) for k in recipe} == {**recipe, **own.get(objective, {})}, objective

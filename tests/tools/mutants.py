@@ -38,7 +38,13 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
     "gdpo_sums_before_zscore": ("A = (zscore(C if C.dim() == 3 else C[..., None]) * w).sum(-1)",
                                 "A = zscore(((C if C.dim() == 3 else C[..., None]) * w).sum(-1))"),  # zscore of R
     "gdpo_no_batch_scale": ("A / std.clamp(min=1e-6))", "A)"),
-    "gdpo_not_given_the_columns": ('if cfg.advantage == "gdpo" and C is not None:', 'if False:'),
+    "gdpo_not_given_the_columns": ("C = R[..., None] if C is None else C", "C = R[..., None]"),
+    "gdpo_ignores_its_weights": ('"gdpo": lambda R, C, w: gdpo(C, w)', '"gdpo": lambda R, C, w: gdpo(C)'),
+    "truncation_weight_on_the_wrong_column": ("[cfg.truncation_weight, 1.0]", "[1.0, cfg.truncation_weight]"),
+    "preset_beats_objective": ('for src in ({"advantage": objective.advantage} | objective.defaults, PRESETS.get('
+                               'cfg.preset, {}), declared):', 'for src in (PRESETS.get(cfg.preset, {}), {"advantage":'
+                               ' objective.advantage} | objective.defaults, declared):'),
+    "ppo_takes_the_preset_advantage": ("cfg.advantage = passed_advantage", "pass"),
     "columns_truncation_sign": ("[[*part.values(), -cfg.truncation_penalty * cut,",
                                 "[[*part.values(), cfg.truncation_penalty * cut,"),
     "kl_loo_includes_self": ("* G / (G - 1)", "* 1"),
