@@ -56,7 +56,8 @@ class Recipe:  # the algorithm's flags, --name value, each with its default; Con
     objective: str = flag("grpo", "policy loss, a key of OBJECTIVES (§7)")
     kl_estimator: str = flag("k1", "per-token KL estimator, a key of KL_ESTIMATORS (§6)")
     kl_placement: Optional[str] = knob("reward", "reward | loss | none: where beta*KL goes")
-    advantage: Optional[str] = knob("zscore", "a key of ADVANTAGES (§6); an objective may have its own")
+    advantage: Optional[str] = knob("zscore", "a key of ADVANTAGES (§6); an objective may have its own (ppo's and "
+                                    "online_dpo's are none of these)")
     group_size: Optional[int] = knob(4, "G, samples per prompt")
     prompts_per_step: Optional[int] = knob(1, "groups per step per process")
     max_new_tokens: Optional[int] = knob(512, "completion length limit")
@@ -316,10 +317,11 @@ def sequence_kl(lp, ref_lp, mask, estimator):
 
 def advantages(R, kl_seq, cfg, C=None, w=None):
     """A_i = ADV(R)_i - beta * (KL_i - mean_{j!=i} KL_j).   R, kl_seq: [Q, G] -> [Q, G]; R's parts C: [Q, G, K], w: [K]
-    The KL part (K1 in the reward) is added after normalising R and never divided by std(R): beta keeps its meaning."""
+    The KL part (K1 in the reward) is added after normalising R and never divided by std(R): beta keeps its meaning.
+    No advantage (ppo, online_dpo: their own, from a critic or pairs): the task part is 0 here."""
     C = R[..., None] if C is None else C                                                # [Q, G, K] (one part: R)
     w = torch.ones(C.shape[-1], dtype=C.dtype, device=C.device) if w is None else w     # [K]
-    A = ADVANTAGES[cfg.advantage](R, C, w) if cfg.advantage else torch.zeros_like(R)    # [Q, G]
+    A = ADVANTAGES[cfg.advantage](R, C, w) if cfg.advantage is not None else torch.zeros_like(R)  # [Q, G]
     if cfg.kl_placement == "reward":
         G = kl_seq.shape[1]
         A = A - cfg.beta * (kl_seq - kl_seq.mean(1, keepdim=True)) * G / (G - 1)        # leave-one-out baseline
@@ -405,7 +407,7 @@ AGGREGATE = {  # how per-token losses [B, T] become one number
 class Objective(NamedTuple):  # a row of OBJECTIVES: the loss and what it needs from the rest of the step
     loss: Callable               # (minibatch, cfg, agg) -> (loss, stats)
     agg: str                     # how per-token losses average: a key of AGGREGATE
-    advantage: Optional[str] = None  # its own advantage (a key of ADVANTAGES), else the preset's, else zscore
+    advantage: Optional[str] = None  # its own advantage (a key of ADVANTAGES), else the preset's (critic, pairs: none)
     clips: str = "both"          # the ratio clip it reads: both (--clip_eps, --clip_eps_high) | high | none
     critic: bool = False         # a value head: token advantages from GAE (--gamma, --lam, --vf_coef, --vf_clip)
     pairs: bool = False          # compares samples of a group: minibatches keep groups whole; its KL is built in
@@ -730,7 +732,7 @@ def preset_for(model, cuda):
 
 def resolve(cfg: Config, cuda: bool) -> Config:
     """Fill the flags not given (None): the objective's row (§7: its advantage, its defaults) first, then the model's
-    preset (§1), then the defaults declared beside each flag."""
+    preset (§1), then the defaults declared beside each flag. ppo and online_dpo keep no advantage (their own)."""
     objective = OBJECTIVES.get(cfg.objective, Objective(None, None))      # an unknown one: validate says so
     cfg.preset = preset_for(cfg.model, cuda) if cfg.preset is None else cfg.preset  # '' stays: validate says no
     declared = {f.name: f.metadata["default"] for f in fields(cfg) if "default" in f.metadata}
@@ -846,7 +848,7 @@ def setup(cfg):
     log.say("config: " + json.dumps({k: v for k, v in asdict(cfg).items() if v is not None}))
     preset_adv, objective = PRESETS.get(cfg.preset, {}).get("advantage"), OBJECTIVES[cfg.objective]
     if preset_adv not in (None, cfg.advantage) and cfg.advantage == objective.advantage:  # the objective's own wins
-        own = cfg.advantage or ("GAE on its value head" if objective.critic else "none, it compares pairs")
+        own = cfg.advantage or ("GAE on its value head" if objective.critic else "pairs (best vs worst)")
         log.say(f"advantage: {own}, {cfg.objective}'s own (not the {cfg.preset} preset's {preset_adv})")
     try:
         if resume:
@@ -916,7 +918,8 @@ def validate(cfg: Config):
     choices = dict(preset=sorted(PRESETS), objective=sorted(OBJECTIVES), kl_estimator=sorted(KL_ESTIMATORS),
                    advantage=sorted(ADVANTAGES), kl_placement=["reward", "loss", "none"], sampler=["auto", "plain",
                    *SAMPLERS], dtype=["auto", "fp32", "amp", "bf16"], report_to=["none", "tensorboard", "wandb"])
-    if cfg.advantage is None:  # ppo, online_dpo: their own advantages (resolve)
+    own = OBJECTIVES.get(cfg.objective)
+    if cfg.advantage is None and own and (own.critic or own.pairs):  # ppo, online_dpo: their own (resolve)
         del choices["advantage"]
     for name, allowed in choices.items():
         need(getattr(cfg, name) in allowed, name, "choose one of " + ", ".join(allowed))

@@ -117,7 +117,7 @@ def test_every_objective_runs(tmp_path, tiny_qwen, objective):
     required = [k for k in REQUIRED if not (k.startswith("clip/") and objective in ("reinforce", "rloo", "online_dpo"))]
     check_run(tmp_path, p, rows, required)
     own, said = tg.OBJECTIVES[objective].advantage, open(tmp_path / "logs" / "t.log").read()
-    own = {"ppo": "GAE on its value head", "online_dpo": "none, it compares pairs"}.get(objective, own)
+    own = {"ppo": "GAE on its value head", "online_dpo": "pairs (best vs worst)"}.get(objective, own)
     assert (f"advantage: {own}, {objective}'s own (not the smollm2-135m preset's gdpo)" in said) == (own is not None)
 
 
