@@ -395,6 +395,24 @@ def test_defaults_beside_their_flags_and_presets_as_differences_give_the_two_rec
     assert tg.resolve(tg.Config(clip_eps=0.3), cuda=cuda).clip_eps_high == 0.3       # its default: clip_eps
 
 
+def test_only_objectives_with_their_own_advantages_run_without_one():
+    """ppo (a critic) and online_dpo (pairs) resolve to no ADVANTAGES row and pass validate; any other objective
+    without one is an error (it would train on the KL part alone), and advantages() gives those a zero task part."""
+    for objective in tg.OBJECTIVES:
+        cfg = tg.resolve(tg.Config(objective=objective), cuda=False)
+        own = tg.OBJECTIVES[objective].critic or tg.OBJECTIVES[objective].pairs
+        assert (cfg.advantage is None) == own, objective
+        tg.validate(cfg)
+        cfg.advantage = None
+        if not own:
+            with pytest.raises(tg.ConfigError, match="--advantage=None is invalid"):
+                tg.validate(cfg)
+    R, kl = torch.tensor([[0.0, 1.0, 0.5]]), torch.tensor([[0.1, 0.4, 0.1]])
+    cfg = _cfg(beta=0.1)
+    cfg.advantage = None
+    torch.testing.assert_close(tg.advantages(R, kl, cfg), -0.1 * (kl - kl.mean()) * 3 / 2)
+
+
 def test_help_shows_each_declared_default(capsys):
     """--help: a knob (None until resolve) shows the default declared beside it, once, and never 'None'."""
     with pytest.raises(SystemExit):
