@@ -504,9 +504,10 @@ def train(cfg: "Config", reward_fn=None, messages=None):
         C, w = (x.to(R.device) for x in reward_columns(parts, shaping, truncated, cfg))      # [N, K], [K]
         C = C.unflatten(0, (-1, G))                                                        # [Q, G, K]
         R_learn = C.sum(-1).flatten()                                                      # [N] R + shaping
-        A, returns = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C, w).flatten(), None  # [N]
-        if critic:                                                                         # per token, from a critic
+        if critic:                                                                         # ppo: per token, GAE
             A, returns = ppo_advantages(R_learn, kl_tok, old_values, mask, cfg, lambda x: gather_rows(acc, x))
+        else:
+            A, returns = advantages(R_learn.view(-1, G), kl_seq.view(-1, G), cfg, C, w).flatten(), None  # [N]
 
         # ---- 5. Update: mu epochs over minibatches, one clipped AdamW step each
         run.coef = entropy_coef(run.coef, acc.gather(((ent * mask).sum() / mask.sum()).reshape(1)).mean().item(), cfg)

@@ -395,11 +395,12 @@ def test_defaults_beside_their_flags_and_presets_as_differences_give_the_two_rec
     assert tg.resolve(tg.Config(clip_eps=0.3), cuda=cuda).clip_eps_high == 0.3       # its default: clip_eps
 
 
-def test_only_objectives_with_their_own_advantages_run_without_one():
+def test_only_objectives_with_their_own_advantages_run_without_one(tmp_path):
     """ppo (a critic) and online_dpo (pairs) resolve to no ADVANTAGES row and pass validate; any other objective
     without one is an error (it would train on the KL part alone), and advantages() gives those a zero task part."""
     for objective in tg.OBJECTIVES:
-        cfg = tg.resolve(tg.Config(objective=objective), cuda=False)
+        cfg = tg.resolve(tg.Config(objective=objective, output_dir=str(tmp_path / "out"), log_dir=str(tmp_path)),
+                         cuda=False)                                # validate probes both folders: not the repo's
         own = tg.OBJECTIVES[objective].critic or tg.OBJECTIVES[objective].pairs
         assert (cfg.advantage is None) == own, objective
         tg.validate(cfg)
