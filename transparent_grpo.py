@@ -7,18 +7,12 @@ Every step: Generate (§4) -> Reward (§2) -> KL (§5, §6) -> Advantage (§6) -
 Swap a piece with a flag, or by editing one line of a registry: KL_ESTIMATORS, ADVANTAGES, OBJECTIVES.
 Shapes: a step samples N = Q*G completions (Q prompts, G each) of T tokens after P prompt tokens; B rows a minibatch.
 
-How this departs from textbook GRPO (DeepSeekMath), and why (README: How a step departs from the textbook):
- 1. The KL penalty goes into the *reward*: K1 = logpi_old - logpi_ref summed over the completion, detached, is on-policy
-    an unbiased estimate of the gradient of KL(pi || pi_ref) (K1 in the loss has zero expected gradient: test_math).
- 2. It is added after the task reward's group normalisation, never divided by std (else tied rewards make the advantage
-    -(KL_i - mean)/std(KL) and beta loses its meaning), with the mean of the *other* samples as its baseline (unbiased).
- 3. Plain temperature sampling, log-probs at logits/tau: pi_old is the distribution the tokens came from (exactly, but
-    under bf16 autocast (one GPU, --dtype amp), where the sampler reads a bf16 copy of the fp32 weights: README).
- 4. Completion masks come from the first EOS, which is kept and trained on (pad == EOS is common).
- 5. With mu = 1 and one minibatch pi_old = pi_theta: one forward gives the old log-probs (detached) and the update's
-    graph (the ratio is 1, no clip acts). 6. A tied group gets zero task advantage (no 0/0); their share is logged.
- 7. The small model's recipe (README: What to expect) adds GDPO advantages (each part of the reward normalised on its
-    own), an entropy bonus steered to a target entropy (Skywork-OR1) and two shaping terms of the toy reward.
+Departures from textbook GRPO (DeepSeekMath), numbered as in the README (How a step departs from the textbook):
+ 1. beta*K1 goes into the *reward*, detached (on-policy an unbiased KL gradient; K1 in the loss has none: test_math),
+    after the group normalisation, never divided by std, with the *other* samples' mean KL as its baseline.
+ 2. Log-probs at logits/tau of plain temperature sampling: pi_old drew the tokens. 3. Masks from the first EOS (kept).
+ 4. Log-probs of the sampled tokens only. 5. mu = 1: one forward gives pi_old and the graph; a tied group: advantage 0.
+ 6. fp32 weights under bf16 autocast. The small model's recipe adds GDPO, an adaptive entropy bonus and shaping.
 """
 import contextlib, copy, functools, gzip, hashlib, importlib.util, inspect, json, math, os, random, re, resource, shutil
 import sys, time, weakref, zlib
@@ -94,18 +88,10 @@ class Piecewise:  # f(x) = ax+c if x > k;  x-m if -k <= x <= k;  sx-b if x < -k.
     c: int
     m: int
     s: int
-
-    @property
-    def a(self):  # continuity at x = k:  k a + c = k - m
-        return (self.k - self.m - self.c) // self.k
-
-    @property
-    def b(self):  # continuity at x = -k:  s (-k) - b = -k - m
-        return self.m - self.k * (self.s - 1)
-
-    @property
-    def answer(self):
-        return self.a + self.b
+    a = property(lambda p: (p.k - p.m - p.c) // p.k)   # continuity at x = k:   k a + c = k - m
+    b = property(lambda p: p.m - p.k * (p.s - 1))        # continuity at x = -k:  s (-k) - b = -k - m
+    answer = property(lambda p: p.a + p.b)
+    solution = property(lambda p: worked_solution(p))    # every step its credit table pays (below the marker)
 
     @property
     def statement(self):
@@ -116,21 +102,9 @@ class Piecewise:  # f(x) = ax+c if x > k;  x-m if -k <= x <= k;  sx-b if x < -k.
                 "Find $a+b$ if the piecewise function is continuous (which means that its graph can be drawn without "
                 "lifting your pencil from the paper).")
 
-    @property
-    def solution(self):  # every step that its credit table pays, in order (the worked examples' text)
-        k, c, m, s, a, b = self.k, self.c, self.m, self.s, self.a, self.b
-        return (f"The function must be continuous at x = {k} and x = -{k}.\n"
-                f"At x = {k}: the right piece is {k}a + {c} and the middle piece is {k} - {m} = {k - m}. "
-                f"So {k}a + {c} = {k - m}, {k}a = {k - m - c}, a = {a}.\n"
-                f"At x = -{k}: the left piece is {s}(-{k}) - b = {-s * k} - b and the middle piece is "
-                f"-{k} - {m} = {-k - m}. "
-                f"So {-s * k} - b = {-k - m}, -b = {s * k - k - m}, b = {b}.\n"
-                f"So a + b = {a} {'+-'[b < 0]} {abs(b)} = {a + b}, and the answer is \\boxed{{{a + b}}}.")
-
 TOY = Piecewise(k=2, c=3, m=5, s=2)   # the problem: a = -3 (2a+3 = -3), b = 3 (-4-b = -7), a+b = 0
 PROBLEM = TOY.statement
-SHOWN = [Piecewise(k=1, c=2, m=7, s=2), Piecewise(k=3, c=5, m=13, s=3)]  # the worked examples' instances
-EXAMPLES = [(p.statement, p.solution) for p in SHOWN]  # --worked_examples N shows the first N, in the task's letters
+SHOWN = [Piecewise(k=1, c=2, m=7, s=2), Piecewise(k=3, c=5, m=13, s=3)]  # the worked examples (text: EXAMPLES)
 FAMILY = [Piecewise(k, c, m, s) for k in (1, 2, 3) for s in (2, 3, 4) for m in range(1, 16) for c in range(1, 10)
           if (k - m - c) % k == 0]                                  # every number varies; a, b, a+b are integers
 
@@ -205,20 +179,16 @@ TASKS = {  # --task: the one problem (every group, every step), or a fresh insta
 }
 
 def reward_columns(parts, shaping, truncated, cfg):
-    """[N, K + 2]: the learning reward in parts, summing to R + shaping: each part of the task's score (the toy: each
-    step's weight where earned; your own reward: R itself), -truncation_penalty where truncated, +-consistency_bonus
-    where the box is / is not backed by the stated a and b (at 0.3, the box's weight, a guessed box earns nothing);
-    and [K + 2] each column's weight w_k in gdpo's sum (§6): 1, the truncation column's --truncation_weight."""
+    """[N, K + 2] the reward in parts, summing to R + shaping: the task's (the toy: its credits), -truncation_penalty if
+    truncated, +-consistency_bonus (consistent); [K + 2] their weights in gdpo's sum: 1s, then --truncation_weight."""
     shaped = [[*part.values(), -cfg.truncation_penalty * cut, cfg.consistency_bonus * bonus]
               for part, bonus, cut in zip(parts, shaping, truncated.tolist())]
     w = [1.0] * len(parts[0]) + [cfg.truncation_weight, 1.0]
     return torch.tensor(shaped, dtype=torch.float32), torch.tensor(w)                  # [N, K + 2], [K + 2]
 
 # ============================================================================ 3. Models
-# load_model (§9) reads a hub id, a folder, a .gguf file or the bundled SmolLM2; the algorithm needs only its EOS ids.
-def eos_ids(tok, model) -> list:
-    ids = model.generation_config.eos_token_id
-    return sorted({i for i in (ids if isinstance(ids, list) else [ids]) + [tok.eos_token_id] if i is not None})
+# load_model (§9) reads a hub id, a folder, a .gguf file or the bundled SmolLM2, and a reference copy of it when the KL
+# needs one; the algorithm needs only the model's EOS ids (eos_ids, §9: the tokenizer's and the generation config's).
 
 # ============================================================================ 4. Rollout
 def completion_mask(completions, eos):
@@ -255,12 +225,7 @@ def rollout(model, prompts, G, cfg, eos, pad_id):
     right-padded."""
     if all(torch.equal(p, prompts[0]) for p in prompts):
         return sample(model, prompts[0], len(prompts) * G, cfg, eos, pad_id).clone(), None, prompts[0].shape[1]
-    groups = [sample(model, p, G, cfg, eos, pad_id) for p in prompts]                  # [G, P_i + T_i] each
-    P, T = max(p.shape[1] for p in prompts), max(g.shape[1] - p.shape[1] for g, p in zip(groups, prompts))
-    seqs = torch.cat([F.pad(g, (P - p.shape[1], T + p.shape[1] - g.shape[1]), value=pad_id)
-                      for g, p in zip(groups, prompts)])                               # [N, P+T]
-    left = torch.tensor([P - p.shape[1] for p in prompts], device=seqs.device).repeat_interleave(G)  # [N] pads
-    return seqs, (torch.arange(P + T, device=seqs.device) >= left[:, None]).long(), P  # [N, P+T], [N, P+T], P
+    return left_pad([sample(model, p, G, cfg, eos, pad_id) for p in prompts], prompts, pad_id)  # [G, P_i+T_i] each
 
 def decode(tok, completions, eos):  # [N, T] -> texts cut at the first EOS, with completion_mask's mask and truncated
     mask, truncated = completion_mask(completions, eos)                                # [N, T], [N]
@@ -307,7 +272,7 @@ ADVANTAGES = {  # the task reward's advantage within each group, from R: [Q, G] 
     "rloo": lambda R, C, w: (R - R.mean(1, keepdim=True)) * R.shape[1] / (R.shape[1] - 1),  # R_i - mean_{j!=i} R_j
     "none": lambda R, C, w: R,                                                          # plain REINFORCE
     "gdpo": lambda R, C, w: gdpo(C, w),                                                 # each part on its own scale
-}  # ppo's advantages come from its critic (gae below), online_dpo's from pairs: their --advantage is None (§9)
+}  # ppo's come from its critic (ppo_advantages: GAE, below the marker), online_dpo's from pairs: no --advantage
 
 def sequence_kl(lp, ref_lp, mask, estimator):
     """Per-token k(l), l = logpi - logpi_ref, and their sum per completion; detached: it scales the score function."""
@@ -326,26 +291,6 @@ def advantages(R, kl_seq, cfg, C=None, w=None):
         G = kl_seq.shape[1]
         A = A - cfg.beta * (kl_seq - kl_seq.mean(1, keepdim=True)) * G / (G - 1)        # leave-one-out baseline
     return A
-
-def gae(rewards, values, mask, gamma, lam):
-    """delta_t = r_t + gamma V_{t+1} - V_t,  A_t = delta_t + gamma lam A_{t+1}  (V = 0 after the last token)."""
-    A, last = torch.zeros_like(rewards), torch.zeros_like(rewards[:, 0])               # [B, T], [B]
-    values = values * mask
-    for t in reversed(range(rewards.shape[1])):
-        next_v = values[:, t + 1] if t + 1 < rewards.shape[1] else torch.zeros_like(last)
-        delta = rewards[:, t] + gamma * next_v - values[:, t]
-        last = (delta + gamma * lam * last) * mask[:, t]
-        A[:, t] = last
-    return A, A + values                                                                # advantages, returns [B, T]
-
-def ppo_advantages(R, kl_tok, values, mask, cfg, everyone=lambda x: x):
-    """Token rewards (-beta*k_t if the KL is in the reward, R on the last), GAE, whitened over everyone(x) tokens."""
-    last = (mask.sum(1).long() - 1).clamp(min=0)                                        # [B] index of the last token
-    r = -cfg.beta * kl_tok if cfg.kl_placement == "reward" else torch.zeros_like(mask)  # [B, T]
-    r = r.scatter_add(1, last[:, None], R[:, None].to(r.dtype))                          # [B, T]
-    A, returns = gae(r, values, mask, cfg.gamma, cfg.lam)                               # [B, T], [B, T]
-    A_all = everyone(A[mask.bool()])                                                    # [tokens of every process]
-    return (A - A_all.mean()) / A_all.std().clamp(min=1e-6) * mask, returns
 
 # ============================================================================ 7. Objectives
 # b: a minibatch dict. lp, old_lp, ref_lp, mask, entropy: [B, T]; adv: [B] (ppo: [B, T]); R: [B]. agg averages [B, T].
@@ -422,8 +367,8 @@ OBJECTIVES = {  # a new objective: one function above and one row here
     "reinforce": Objective(reinforce, "seq_sum", "none", clips="none"),
     "rloo": Objective(reinforce, "seq_sum", "rloo", clips="none"),
     "ppo": Objective(ppo, "token_mean", critic=True),
-    "online_dpo": Objective(online_dpo, "seq_mean", clips="none", pairs=True, defaults=dict(beta=0.1,
-                                                                                          kl_placement="none")),
+    "online_dpo": Objective(online_dpo, "seq_mean", clips="none", pairs=True,
+                            defaults=dict(beta=0.1, kl_placement="none")),
 }
 
 def policy_loss(b, cfg, entropy_coef=None):
@@ -441,9 +386,8 @@ def policy_loss(b, cfg, entropy_coef=None):
 
 def entropy_coef(coef, H, cfg):
     """Skywork-OR1's adaptive entropy control: c += step while the token entropy H < target, else -=, in [0, max]."""
-    if not cfg.entropy_target:
-        return coef
-    return min(max(coef + cfg.entropy_step * (1 if H < cfg.entropy_target else -1), 0.0), cfg.entropy_coef_max)
+    up = 1 if H < cfg.entropy_target else -1                                            # the entropy is too low
+    return min(max(coef + cfg.entropy_step * up, 0.0), cfg.entropy_coef_max) if cfg.entropy_target else coef
 
 def token_share(acc, mask, cfg):
     """DDP averages gradients over processes, so a per-process token mean would weight each process's tokens by 1/its
@@ -458,7 +402,6 @@ def draw(pool, n, seed):  # the step's n instances, without replacement (the one
 
 def train(cfg: "Config", reward_fn=None, messages=None):
     """GRPO on cfg.task; your own reward_fn(text, instance) -> float, or one chat (messages), replaces the task's."""
-    from tqdm.auto import tqdm
     run = setup(cfg)                           # §9: run.acc (accelerate), .tok, .model (the policy), .ref, .opt, .log
     acc, tok, model, ref = run.acc, run.tok, run.model, run.ref
     task = make_task(cfg, reward_fn, messages)                             # §2's TASKS, or a file of yours (§9)
@@ -466,8 +409,7 @@ def train(cfg: "Config", reward_fn=None, messages=None):
     N, critic = cfg.prompts_per_step * G, OBJECTIVES[cfg.objective].critic  # completions a step and process; ppo
     single_update = cfg.inner_epochs == 1 and cfg.minibatch_size == N     # mu = 1: pi_old = pi_theta (departure 5)
     step = run.log.start - 1                                               # the last step done
-    for step in tqdm(range(run.log.start, cfg.num_steps), initial=run.log.start, total=cfg.num_steps, desc="GRPO",
-                     disable=not (acc.is_main_process and sys.stderr.isatty())):
+    for step in progress(run, cfg):                                        # run.log.start .. num_steps - 1
         if step == 0 or cfg.eval_every and step % cfg.eval_every == 0:           # held-out accuracy before the step
             log_eval(run, step, evaluate(run, task, cfg, eos, step))
         t0 = time.time()
@@ -533,10 +475,9 @@ def train(cfg: "Config", reward_fn=None, messages=None):
     return save_final(run, cfg)
 
 def update(run, batch, cached, n_prompt, cfg):
-    """mu epochs of minibatches, one AdamW step each; a non-finite loss or gradient anywhere skips it everywhere (and
-    counts in run.bad until a step succeeds)."""
-    acc, model, opt, objective = run.acc, run.model, run.opt, OBJECTIVES[cfg.objective]
-    N, G, stats, losses, norms, skipped = len(batch["seqs"]), cfg.group_size, [], [], [], 0
+    """mu epochs of minibatches, one AdamW step each (optimizer_step, below the marker: a non-finite loss or gradient
+    anywhere skips it everywhere, counted in run.bad until a step succeeds)."""
+    objective, N, G, stats = OBJECTIVES[cfg.objective], len(batch["seqs"]), cfg.group_size, []
     for epoch in range(cfg.inner_epochs):
         perm = (torch.arange(N) if cached is not None else  # the first minibatch reuses the log-prob forward
                 (torch.randperm(N // G)[:, None] * G + torch.arange(G)).flatten() if objective.pairs
@@ -544,32 +485,75 @@ def update(run, batch, cached, n_prompt, cfg):
         for s in range(0, N, cfg.minibatch_size):
             idx = perm[s:s + cfg.minibatch_size].to(batch["seqs"].device)
             b = {k: v[idx] if v is not None else None for k, v in batch.items()}
-            with acc.autocast():
+            with run.acc.autocast():
                 b["lp"], b["entropy"], b["values"] = cached if cached is not None else token_logprobs(
-                    model, b["seqs"], n_prompt, b["mask"], cfg.temperature, objective.critic,
+                    run.model, b["seqs"], n_prompt, b["mask"], cfg.temperature, objective.critic,
                     entropy="grad" if run.coef or cfg.entropy_target else "value", attn=b["attn"])
                 cached = None                                                   # its graph is used once, then freed
                 loss, st = policy_loss(b, cfg, run.coef)
-                loss = loss * token_share(acc, b["mask"], cfg)
-            stats.append(st)
-            finite = not acc.gather(torch.tensor([float(not torch.isfinite(loss))], device=acc.device)).any()
-            if finite:                                                          # on every process
-                acc.backward(loss)                                              # DeepSpeed also steps here
-                norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)  # pre-clip global norm
-                finite = norm is None or math.isfinite(norm)                    # (DeepSpeed skips an inf norm too)
-            if finite:
-                opt.step()
-                losses, norms = losses + [loss.item()], norms + [float(norm or 0)]
-            skipped, run.bad = skipped + (not finite), 0 if finite else run.bad + 1
-            opt.zero_grad()
+                loss = loss * token_share(run.acc, b["mask"], cfg)
+            stats.append({**st, **optimizer_step(run, loss, cfg)})             # {} when skipped
             if run.bad >= cfg.max_bad_updates:
                 return {}
-    stats = {k: sum(st[k] for st in stats if k in st) / sum(k in st for st in stats) for k in set().union(*stats)}
-    return {**stats, "loss/policy": sum(losses) / max(len(losses), 1), "optim/skipped_updates": skipped,
-            "optim/grad_norm": sum(norms) / max(len(norms), 1), "optim/lr": opt.param_groups[0]["lr"]}
+    return minibatch_means(stats, run.opt)
 
 # ###### The algorithm ends here. Below it, the plumbing: setup and checks, speed and memory, logs and checkpoints
-# ---------------------------------------------------------------------------- the toy reward's grammar (§2)
+# ---------------------------------------------------------------------------- ppo's advantages: GAE on its critic (§6)
+def gae(rewards, values, mask, gamma, lam):
+    """delta_t = r_t + gamma V_{t+1} - V_t,  A_t = delta_t + gamma lam A_{t+1}  (V = 0 after the last token)."""
+    A, last = torch.zeros_like(rewards), torch.zeros_like(rewards[:, 0])               # [B, T], [B]
+    values = values * mask
+    for t in reversed(range(rewards.shape[1])):
+        next_v = values[:, t + 1] if t + 1 < rewards.shape[1] else torch.zeros_like(last)
+        delta = rewards[:, t] + gamma * next_v - values[:, t]
+        last = (delta + gamma * lam * last) * mask[:, t]
+        A[:, t] = last
+    return A, A + values                                                                # advantages, returns [B, T]
+
+def ppo_advantages(R, kl_tok, values, mask, cfg, everyone=lambda x: x):
+    """Token rewards (-beta*k_t if the KL is in the reward, R on the last), GAE, whitened over everyone(x) tokens."""
+    last = (mask.sum(1).long() - 1).clamp(min=0)                                        # [B] index of the last token
+    r = -cfg.beta * kl_tok if cfg.kl_placement == "reward" else torch.zeros_like(mask)  # [B, T]
+    r = r.scatter_add(1, last[:, None], R[:, None].to(r.dtype))                          # [B, T]
+    A, returns = gae(r, values, mask, cfg.gamma, cfg.lam)                               # [B, T], [B, T]
+    A_all = everyone(A[mask.bool()])                                                    # [tokens of every process]
+    return (A - A_all.mean()) / A_all.std().clamp(min=1e-6) * mask, returns
+
+# ---------------------------------------------------------------------------- the loop's plumbing (§4, §8)
+def left_pad(groups, prompts, pad_id):  # rollout's groups [G, P_i + T_i] as one batch, each prompt left-padded
+    P, T = max(p.shape[1] for p in prompts), max(g.shape[1] - p.shape[1] for g, p in zip(groups, prompts))
+    seqs = torch.cat([F.pad(g, (P - p.shape[1], T + p.shape[1] - g.shape[1]), value=pad_id)
+                      for g, p in zip(groups, prompts)])                               # [N, P+T]
+    left = torch.tensor([P - p.shape[1] for p in prompts], device=seqs.device).repeat_interleave(len(groups[0]))
+    return seqs, (torch.arange(P + T, device=seqs.device) >= left[:, None]).long(), P  # [N, P+T], [N, P+T], P
+
+def progress(run, cfg):  # the steps still to do, under a progress bar on a terminal
+    from tqdm.auto import tqdm
+    return tqdm(range(run.log.start, cfg.num_steps), initial=run.log.start, total=cfg.num_steps, desc="GRPO",
+                disable=not (run.acc.is_main_process and sys.stderr.isatty()))
+
+def optimizer_step(run, loss, cfg):
+    """backward, clip, AdamW step: only if the loss and the gradient are finite on every process (else skipped
+    everywhere, run.bad + 1). Returns the step's loss and pre-clip gradient norm, {} when skipped."""
+    acc, model, opt = run.acc, run.model, run.opt
+    finite = not acc.gather(torch.tensor([float(not torch.isfinite(loss))], device=acc.device)).any()
+    if finite:                                                          # on every process
+        acc.backward(loss)                                              # DeepSpeed also steps here
+        norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)  # pre-clip global norm
+        finite = norm is None or math.isfinite(norm)                    # (DeepSpeed skips an inf norm too)
+    if finite:
+        opt.step()
+    run.bad = 0 if finite else run.bad + 1
+    opt.zero_grad()
+    return {"loss/policy": loss.item(), "optim/grad_norm": float(norm or 0)} if finite else {}
+
+def minibatch_means(stats, opt):  # each stat's mean over the minibatches that report it; how many were skipped
+    means = {k: sum(st[k] for st in stats if k in st) / sum(k in st for st in stats) for k in set().union(*stats)}
+    done = {"loss/policy": 0.0, "optim/grad_norm": 0.0, **means}                   # 0 when every update was skipped
+    return {**done, "optim/skipped_updates": sum("loss/policy" not in st for st in stats),
+            "optim/lr": opt.param_groups[0]["lr"]}
+
+# ---------------------------------------------------------------------------- the toy's solutions and grammar (§2)
 # A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a", "2b - b") or on
 # the right ("= -30", "= -3.5", "= -3x", "= -3 + b", "= -3 (a"): a digit, a variable or an operator makes another one.
 BEFORE = r"(?<![\w.)}^*/+\-\\])(?<![\d)}^*/+\-] )(?<!(?<![A-Za-z])[A-Za-z] )"
@@ -604,6 +588,18 @@ def final_boxed(text):  # the one number every \boxed{} holds (`\boxed{3} or \bo
     return values.pop() if len(values) == 1 else None
 
 CREDIT = credit_table(TOY)  # the problem's table (tests/test_reward.py pins every case of it)
+
+def worked_solution(p):  # every step that its credit table pays, in order (the worked examples' text)
+    k, c, m, s, a, b = p.k, p.c, p.m, p.s, p.a, p.b
+    return (f"The function must be continuous at x = {k} and x = -{k}.\n"
+            f"At x = {k}: the right piece is {k}a + {c} and the middle piece is {k} - {m} = {k - m}. "
+            f"So {k}a + {c} = {k - m}, {k}a = {k - m - c}, a = {a}.\n"
+            f"At x = -{k}: the left piece is {s}(-{k}) - b = {-s * k} - b and the middle piece is "
+            f"-{k} - {m} = {-k - m}. "
+            f"So {-s * k} - b = {-k - m}, -b = {s * k - k - m}, b = {b}.\n"
+            f"So a + b = {a} {'+-'[b < 0]} {abs(b)} = {a + b}, and the answer is \\boxed{{{a + b}}}.")
+
+EXAMPLES = [(p.statement, p.solution) for p in SHOWN]  # --worked_examples N shows the first N, in the task's letters
 
 # ============================================================================ 9. Setup and input checks
 @dataclass
@@ -713,6 +709,10 @@ def same_answer(given, answer):  # equal as numbers ("1,000" = 1000.0, "3/4" = 0
 def boxed_reward(text, row):  # a .jsonl task's reward: 0.1 for a box, 0.9 more if its content is the row's answer
     box = last_boxed(tidy(text))
     return {"boxed": 0.1 * (box is not None), "answer": 0.9 * same_answer(box, row["answer"])}
+
+def eos_ids(tok, model) -> list:
+    ids = model.generation_config.eos_token_id
+    return sorted({i for i in (ids if isinstance(ids, list) else [ids]) + [tok.eos_token_id] if i is not None})
 
 def unwrap(model):  # DDP and DeepSpeed keep the HF model in .module
     return getattr(model, "module", model)
