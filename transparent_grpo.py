@@ -12,7 +12,8 @@ Departures from textbook GRPO (DeepSeekMath), numbered as in the README (How a s
     after the group normalisation, never divided by std, with the *other* samples' mean KL as its baseline.
  2. Log-probs at logits/tau of plain temperature sampling: pi_old drew the tokens. 3. Masks from the first EOS (kept).
  4. Log-probs of the sampled tokens only. 5. mu = 1: one forward gives pi_old and the graph; a tied group: advantage 0.
- 6. fp32 weights under bf16 autocast. The small model's recipe adds GDPO, an adaptive entropy bonus and shaping.
+ 6. fp32 weights under bf16 autocast (--dtype amp: the faster samplers read a bf16 copy of them). Beyond GRPO, the
+    small model's recipe adds GDPO advantages, an adaptive entropy bonus (Skywork-OR1) and two shaping terms.
 """
 import contextlib, copy, functools, gzip, hashlib, importlib.util, inspect, json, math, os, random, re, resource, shutil
 import sys, time, weakref, zlib
@@ -187,8 +188,7 @@ def reward_columns(parts, shaping, truncated, cfg):
     return torch.tensor(shaped, dtype=torch.float32), torch.tensor(w)                  # [N, K + 2], [K + 2]
 
 # ============================================================================ 3. Models
-# load_model (§9) reads a hub id, a folder, a .gguf file or the bundled SmolLM2, and a reference copy of it when the KL
-# needs one; the algorithm needs only the model's EOS ids (eos_ids, §9: the tokenizer's and the generation config's).
+# Plumbing (§9): load_model reads a hub id, a folder, a .gguf or the bundled SmolLM2; eos_ids gives the EOS ids.
 
 # ============================================================================ 4. Rollout
 def completion_mask(completions, eos):
@@ -386,8 +386,9 @@ def policy_loss(b, cfg, entropy_coef=None):
 
 def entropy_coef(coef, H, cfg):
     """Skywork-OR1's adaptive entropy control: c += step while the token entropy H < target, else -=, in [0, max]."""
-    up = 1 if H < cfg.entropy_target else -1                                            # the entropy is too low
-    return min(max(coef + cfg.entropy_step * up, 0.0), cfg.entropy_coef_max) if cfg.entropy_target else coef
+    if not cfg.entropy_target:
+        return coef
+    return min(max(coef + cfg.entropy_step * (1 if H < cfg.entropy_target else -1), 0.0), cfg.entropy_coef_max)
 
 def token_share(acc, mask, cfg):
     """DDP averages gradients over processes, so a per-process token mean would weight each process's tokens by 1/its
@@ -492,7 +493,7 @@ def update(run, batch, cached, n_prompt, cfg):
                 cached = None                                                   # its graph is used once, then freed
                 loss, st = policy_loss(b, cfg, run.coef)
                 loss = loss * token_share(run.acc, b["mask"], cfg)
-            stats.append({**st, **optimizer_step(run, loss, cfg)})             # {} when skipped
+            stats.append({**st, **optimizer_step(run, loss, cfg)})
             if run.bad >= cfg.max_bad_updates:
                 return {}
     return minibatch_means(stats, run.opt)
@@ -534,7 +535,7 @@ def progress(run, cfg):  # the steps still to do, under a progress bar on a term
 
 def optimizer_step(run, loss, cfg):
     """backward, clip, AdamW step: only if the loss and the gradient are finite on every process (else skipped
-    everywhere, run.bad + 1). Returns the step's loss and pre-clip gradient norm, {} when skipped."""
+    everywhere, run.bad + 1). Returns the step's loss and pre-clip gradient norm, or that it was skipped."""
     acc, model, opt = run.acc, run.model, run.opt
     finite = not acc.gather(torch.tensor([float(not torch.isfinite(loss))], device=acc.device)).any()
     if finite:                                                          # on every process
@@ -545,13 +546,13 @@ def optimizer_step(run, loss, cfg):
         opt.step()
     run.bad = 0 if finite else run.bad + 1
     opt.zero_grad()
-    return {"loss/policy": loss.item(), "optim/grad_norm": float(norm or 0)} if finite else {}
+    return {"loss/policy": loss.item(), "optim/grad_norm": float(norm or 0)} if finite else {"optim/skipped": 1}
 
 def minibatch_means(stats, opt):  # each stat's mean over the minibatches that report it; how many were skipped
-    means = {k: sum(st[k] for st in stats if k in st) / sum(k in st for st in stats) for k in set().union(*stats)}
-    done = {"loss/policy": 0.0, "optim/grad_norm": 0.0, **means}                   # 0 when every update was skipped
-    return {**done, "optim/skipped_updates": sum("loss/policy" not in st for st in stats),
-            "optim/lr": opt.param_groups[0]["lr"]}
+    keys, skipped = set().union(*stats) - {"optim/skipped"}, sum(st.get("optim/skipped", 0) for st in stats)
+    means = {k: sum(st[k] for st in stats if k in st) / sum(k in st for st in stats) for k in keys}
+    return {"loss/policy": 0.0, "optim/grad_norm": 0.0, **means,                   # 0 when every update was skipped
+            "optim/skipped_updates": skipped, "optim/lr": opt.param_groups[0]["lr"]}
 
 # ---------------------------------------------------------------------------- the toy's solutions and grammar (§2)
 # A statement counts only whole: nothing may continue it on the left ("12a + 3", "5 + 2a + 3", "-2a", "2b - b") or on

@@ -1,5 +1,5 @@
 """Memory of the log-prob pass: no full-vocabulary fp32 tensors (measured peak against the naive way), and the lean
-MLP tail (§5) keeps two [tokens, I] tensors a layer less for backward while every number stays the same."""
+MLP tail (§10) keeps two [tokens, I] tensors a layer less for backward while every number stays the same."""
 import os
 import subprocess
 import sys
@@ -66,7 +66,7 @@ def saved_bytes(model, fn):
 
 @pytest.mark.parametrize("arch", ["tiny_model", "tiny_qwen"])
 def test_lean_mlp_keeps_every_number_and_two_tensors_a_layer_less(arch, request):
-    """§5 LeanMLPTail: the same log-probs, the same gradients to the bit, and autograd keeps exactly act(g) and
+    """§10 LeanMLPTail: the same log-probs, the same gradients to the bit, and autograd keeps exactly act(g) and
     act(g) * u less per MLP ([tokens, I] each); sampling (no graph) takes the usual path and draws the same tokens."""
     import functools
     from transformers import AutoModelForCausalLM

@@ -1,4 +1,4 @@
-"""The fast sampler (§4) samples exactly softmax(logits / T), honours the first-EOS contract, and sees new weights."""
+"""The fast sampler (§10) samples exactly softmax(logits / T), honours the first-EOS contract, and sees new weights."""
 import functools, math, os
 from types import SimpleNamespace
 

@@ -56,7 +56,7 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
                                     "                 # at least fp32"),
     "mask_excludes_eos": ("<= first[:, None]", "< first[:, None]"),
     "entropy_sign": ('loss = loss - c * agg(b["entropy"])', 'loss = loss + c * agg(b["entropy"])'),
-    "entropy_control_backwards": ("up = 1 if H < cfg.entropy_target else -1", "up = -1 if H < cfg.entropy_target else 1"),
+    "entropy_control_backwards": ("(1 if H < cfg.entropy_target else -1)", "(-1 if H < cfg.entropy_target else 1)"),
     "entropy_control_uncapped": ("0.0), cfg.entropy_coef_max)", "0.0), math.inf)"),
     "reward_equation_continues": [('AFTER = r"', 'AFTER = r"(?![\\d.]*\\d)" or r"')],  # the old rule: digits only
     "value_takes_the_last_statement": ("text[s:]) for s in starts]", "text[s:]) for s in starts[-1:]]"),  # hedges pay
