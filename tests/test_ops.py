@@ -276,6 +276,45 @@ def test_samples_summary_counts_the_last_lines_each_step_and_refuses_other_files
         "of transparent_grpo.py"
 
 
+def test_by_size_scores_each_group_with_its_own_instance_early_and_late(tmp_path):
+    """tests/tools/by_size.py: each completion is scored with its group's instance (two a step here), split into the
+    first 7 steps and the last 7, and into instances whose numbers are all <= N and the others; sample files that a
+    glob matches are skipped. A worked solution earns every credit; a bare box earns `boxed` on its instance only."""
+    small, big = tg.Piecewise(k=1, c=2, m=4, s=2), tg.Piecewise(k=2, c=9, m=15, s=3)   # a + b: -2 and 0
+    solve = lambda p: p.solution
+    steps, samples = [], []
+    for step in range(14):                # early: steps 0-6, late: 7-13; late texts solve, early ones box the answer
+        texts = [solve(small), "\\boxed{-2}"] if step >= 7 else ["\\boxed{-2}", "\\boxed{-2}"]
+        steps.append({"step": step, "instances": [vars(small), vars(big)]})
+        samples.append({"step": step, "reward": [0.0, 0.0, 0.0, 0.0], "text": texts + ["", "\\boxed{10}"]})
+    run = tmp_path / "r.jsonl.gz"
+    for path, rows in ((run, steps), (tmp_path / "r.samples.jsonl.gz", samples)):
+        with gzip.open(path, "wt") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "tools", "by_size.py"), str(run),
+                        str(tmp_path / "r.samples.jsonl.gz")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    table = {tuple(line.split()[:3]): line.split()[3:] for line in p.stdout.splitlines()[2:]}
+    assert table == {  # reward, f(k), f(-k), eq(k), a, eq(-k), b, boxed: a box of -2 is right for `small` only
+        ("early", "<=", "7"): ["14", "0.300", "0.000", "0.000", "0.000", "0.000", "0.000", "0.000", "1.000"],
+        ("early", "other", "14"): ["0.000", "0.000", "0.000", "0.000", "0.000", "0.000", "0.000", "0.000"],
+        ("late", "<=", "7"): ["14", "0.650", "0.500", "0.500", "0.500", "0.500", "0.500", "0.500", "1.000"],
+        ("late", "other", "14"): ["0.000", "0.000", "0.000", "0.000", "0.000", "0.000", "0.000", "0.000"],
+    }, p.stdout
+
+
+def test_small_family_keeps_the_split_disjoint(monkeypatch):
+    """tests/tools/small_family.py trains and evaluates on the instances whose numbers are all <= N: subsets of the
+    family's own training and held-out sets, so still disjoint, and none with a number above N."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tests", "tools"))
+    import small_family
+    train = [p for p in tg.TRAIN if small_family.small(p, 7)]
+    held = [p for p in tg.HELD_OUT if small_family.small(p, 7)]
+    assert (len(train), len(held)) == (152, 53) and not set(train) & set(held)
+    assert all(max(abs(p.a), abs(p.b), p.m, p.c) <= 7 for p in train + held)
+    assert any(p.m == 7 for p in train) and not small_family.small(tg.Piecewise(k=1, c=1, m=8, s=2), 7)
+
+
 def test_bad_flag_fails_before_loading_a_model():
     t = time.time()
     p = subprocess.run([sys.executable, os.path.join(ROOT, "transparent_grpo.py"), "--group_size", "1"],
