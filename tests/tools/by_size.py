@@ -3,7 +3,7 @@ last 7 steps), for instances whose numbers (|a|, |b|, m, c) are all at most N, a
 
     python tests/tools/by_size.py logs/generalise-sweep/sweep-family-seed?.jsonl.gz          # N = 7
 
-Reads each <run>.jsonl.gz (its `instances`) beside its <run>.samples.jsonl.gz (the completions, from --log_samples) and
+Reads each <run>.jsonl or .jsonl.gz (its `instances`) beside its <run>.samples.jsonl.gz (the completions, from --log_samples) and
 scores the completions again with the instance's credit table.
 """
 import argparse, collections, gzip, json, os, sys
@@ -14,14 +14,14 @@ import transparent_grpo as tg  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", help="<run>.jsonl.gz step logs of --task family runs with --log_samples")
+    ap.add_argument("runs", nargs="+", help="<run>.jsonl(.gz) step logs of --task family runs with --log_samples")
     ap.add_argument("--max_number", type=int, default=7)
     args = ap.parse_args()
     print("command: python tests/tools/by_size.py " + " ".join(sys.argv[1:]))
     rows = collections.defaultdict(list)
     for path in (p for p in args.runs if not p.endswith(".samples.jsonl.gz")):
-        steps = [json.loads(line) for line in gzip.open(path)]
-        samples = {r["step"]: r for r in map(json.loads, gzip.open(path.replace(".jsonl.gz", ".samples.jsonl.gz")))}
+        steps = [json.loads(line) for line in (gzip.open if path.endswith(".gz") else open)(path)]
+        samples = {r["step"]: r for r in map(json.loads, gzip.open(path.split(".jsonl")[0] + ".samples.jsonl.gz"))}
         last = steps[-1]["step"]
         for row in steps:
             phase = "early" if row["step"] < 7 else "late" if row["step"] > last - 7 else None
