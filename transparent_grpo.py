@@ -33,6 +33,10 @@ PRESETS = {  # one recipe per model: the fields where it differs from the defaul
     "smollm2-135m": dict(model="bundled:SmolLM2-135M-Instruct", group_size=16, max_new_tokens=192, temperature=0.8,
                          learning_rate=2e-5, num_steps=28, inner_epochs=1, worked_examples=2, truncation_penalty=0.1,
                          consistency_bonus=0.3, advantage="gdpo", entropy_target=0.2, eval_size=32),
+    # Qwen2.5-Coder-0.5B (tests/tools/qwen_coder_05b.py): the textbook recipe on the family; two worked examples
+    "qwen2.5-coder-0.5b": dict(model="Qwen/Qwen2.5-Coder-0.5B-Instruct", task="family", group_size=8,
+                               max_new_tokens=256, temperature=0.8, learning_rate=2e-6, num_steps=40, inner_epochs=1,
+                               worked_examples=2),
 }
 
 def flag(default, help, **kw):
@@ -46,8 +50,8 @@ def knob(default, help, **kw):  # a flag a preset or an objective may change: No
 class Recipe:  # the algorithm's flags, --name value, each with its default; Config (§9) adds the plumbing's
     model: str = flag("auto", "auto (GPU: Qwen2.5-3B-Instruct, CPU: bundled SmolLM2-135M), a hub id, folder or .gguf")
     preset: Optional[str] = flag(None, "a key of PRESETS (default: the model's own recipe, else the device's)")
-    task: str = flag("problem", "problem (the toy problem, every group) | family (a fresh instance of its family a "
-                     "group) | a .jsonl file of {\"prompt\", \"answer\"} rows (README: Your own task)")
+    task: Optional[str] = knob("problem", "problem (the toy problem, every group) | family (a fresh instance of its "
+                               "family a group) | a .jsonl file of {\"prompt\", \"answer\"} rows (README: Your task)")
     objective: str = flag("grpo", "policy loss, a key of OBJECTIVES (§7)")
     kl_estimator: str = flag("k1", "per-token KL estimator, a key of KL_ESTIMATORS (§6)")
     kl_placement: Optional[str] = knob("reward", "reward | loss | none: where beta*KL goes")
@@ -605,7 +609,8 @@ EXAMPLES = [(p.statement, p.solution) for p in SHOWN]  # --worked_examples N sho
 # ============================================================================ 9. Setup and input checks
 @dataclass
 class Config(Recipe):  # every flag of the script: the Recipe's (§1), then the plumbing's
-    dtype: str = flag("auto", "auto (GPU: amp, CPU: fp32) | fp32 | amp (fp32 under bf16 autocast) | bf16 weights")
+    dtype: str = flag("auto", "auto (GPU: amp; CPU: fp32, amp for CPU_AMP's presets on a bf16 CPU) | fp32 | amp "
+                      "(fp32 under bf16 autocast) | bf16 weights")
     time_limit: float = flag(0.0, "stop early once the steps took this many minutes in all (0: no limit)")
     gradient_checkpointing: bool = flag(False, "trade compute for activation memory")
     sampler: str = flag("auto", "auto (GPU: compiled, CPU: fast) | plain (§4's loop) | fast | hf | compiled (§10)")
@@ -730,6 +735,8 @@ def preset_for(model, cuda):
     name = os.path.basename(model.rstrip("/")).lower()
     if model.startswith("bundled:") or "smollm2-135m" in name:
         return "smollm2-135m"
+    if "qwen2.5-coder-0.5b" in name:
+        return "qwen2.5-coder-0.5b"
     return "qwen2.5-3b" if cuda or "qwen2.5-3b" in name else "smollm2-135m"
 
 def resolve(cfg: Config, cuda: bool) -> Config:
@@ -798,7 +805,7 @@ def setup(cfg):
     cuda, deepspeed = torch.cuda.is_available(), os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
     launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")             # accelerate launch --mixed_precision
     gloo = [] if cuda or int(os.environ.get("WORLD_SIZE", 1)) == 1 else [InitProcessGroupKwargs(backend="gloo")]
-    amp = cfg.dtype == "amp" or cuda and cfg.dtype == "auto"                  # fp32 weights, bf16 autocast
+    amp = cfg.dtype == "amp" or cfg.dtype == "auto" and (cuda or cfg.preset in CPU_AMP and cpu_bf16())  # fp32, bf16
     precision = launcher if launcher != "no" else "bf16" if amp else "no"
     acc = Accelerator(cpu=not cuda and not deepspeed, project_dir=cfg.output_dir, mixed_precision=precision,
                       log_with=None if cfg.report_to == "none" else cfg.report_to,
@@ -1380,6 +1387,14 @@ def generate(model, prompt_ids, n, cfg, eos, pad_id, kind="hf"):
     with torch.inference_mode():
         return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)  # [N, P+T]
 
+CPU_AMP = ["qwen2.5-coder-0.5b"]  # --dtype auto on a CPU with bf16 instructions: amp for these presets (README)
+
+def cpu_bf16():  # the CPU has native bf16 matmuls (AVX-512 BF16 or AMX), where autocast pays
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:
+        return False
+
 TWINS = {}  # id(policy) -> (the policy, its copy in the autocast dtype), for --sampler compiled and fast
 
 @torch.no_grad()
@@ -1700,7 +1715,8 @@ def evaluate(run, task, cfg, eos, step):
         prompts = [chat_prompt(tok, task.messages(x), model, cfg)[0].to(acc.device) for x in mine]  # [P_i] each
         model.eval()
         with acc.autocast():
-            texts, mask, cut = decode(tok, generate_many(unwrap(model), prompts, 1, cfg, eos, pad_id, greedy=True),
+            sampler = sampling_twin(unwrap(model), acc.device.type)                   # autocast: its bf16 copy
+            texts, mask, cut = decode(tok, generate_many(sampler, prompts, 1, cfg, eos, pad_id, greedy=True),
                                       eos)                                            # [n], [n, T], [n]
             for text, x in zip(texts, mine):
                 score = task.score(text, x)
@@ -1712,7 +1728,7 @@ def evaluate(run, task, cfg, eos, step):
             if k:
                 with torch.random.fork_rng(devices=[acc.device] if acc.device.type == "cuda" else []):
                     torch.manual_seed(seed_of("eval", cfg.seed, step, acc.process_index))
-                    texts = decode(tok, generate_many(unwrap(model), prompts, k, cfg, eos, pad_id), eos)[0]  # [n*k]
+                    texts = decode(tok, generate_many(sampler, prompts, k, cfg, eos, pad_id), eos)[0]  # [n*k]
                 right = torch.tensor([float(task.correct(t, x)) for t, x in zip(texts, (x for x in mine
                                                                                         for _ in range(k)))])
                 right = right.view(-1, k)                                                 # [n, k]
