@@ -36,7 +36,7 @@ PRESETS = {  # one recipe per model: the fields where it differs from the defaul
     # Qwen2.5-Coder-0.5B (tests/tools/qwen_coder_05b.py): the textbook recipe on the family; two worked examples
     "qwen2.5-coder-0.5b": dict(model="Qwen/Qwen2.5-Coder-0.5B-Instruct", task="family", group_size=8,
                                max_new_tokens=256, temperature=0.8, learning_rate=2e-6, num_steps=40, inner_epochs=1,
-                               worked_examples=2),
+                               worked_examples=2, micro_batch_size=8),
 }
 
 def flag(default, help, **kw):
@@ -412,7 +412,7 @@ def train(cfg: "Config", reward_fn=None, messages=None):
     task = make_task(cfg, reward_fn, messages)                             # §2's TASKS, or a file of yours (§9)
     eos, pad_id, G = eos_ids(tok, unwrap(model)), tok.pad_token_id, cfg.group_size
     N, critic = cfg.prompts_per_step * G, OBJECTIVES[cfg.objective].critic  # completions a step and process; ppo
-    single_update = cfg.inner_epochs == 1 and cfg.minibatch_size == N     # mu = 1: pi_old = pi_theta (departure 5)
+    single_update = cfg.inner_epochs == 1 and cfg.micro_batch_size == N   # mu = 1: pi_old = pi_theta (departure 5)
     step = run.log.start - 1                                               # the last step done
     for step in progress(run, cfg):                                        # run.log.start .. num_steps - 1
         if step == 0 or cfg.eval_every and step % cfg.eval_every == 0:           # held-out accuracy before the step
@@ -437,11 +437,11 @@ def train(cfg: "Config", reward_fn=None, messages=None):
         # ---- 3. KL: log-probs of the sampled tokens under pi_ref and pi_old = pi_theta, at temperature tau
         model.train()
         with acc.autocast(), torch.no_grad():
-            ref_lp = None if ref is None else token_logprobs(ref, seqs, P, mask, cfg.temperature, entropy=None,
-                                                             attn=attn)[0]
+            ref_lp = None if ref is None else in_passes(cfg, token_logprobs, ref, seqs, P, mask, cfg.temperature,
+                                                        entropy=None, attn=attn)[0]
         with acc.autocast(), torch.set_grad_enabled(single_update):  # mu = 1: this forward's graph is phase 5's
-            now = token_logprobs(model, seqs, P, mask, cfg.temperature, critic, entropy="grad" if
-                                 single_update and (cfg.entropy_coef or cfg.entropy_target) else "value", attn=attn)
+            now = in_passes(cfg, token_logprobs, model, seqs, P, mask, cfg.temperature, critic, entropy="grad" if
+                            single_update and (cfg.entropy_coef or cfg.entropy_target) else "value", attn=attn)
         old_lp, ent, old_values = (x.detach() if x is not None else None for x in now)     # [N, T] each
         kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
         t3 = time.time()
@@ -484,20 +484,16 @@ def update(run, batch, cached, n_prompt, cfg):
     anywhere skips it everywhere, counted in run.bad until a step succeeds)."""
     objective, N, G, stats = OBJECTIVES[cfg.objective], len(batch["seqs"]), cfg.group_size, []
     for epoch in range(cfg.inner_epochs):
-        perm = (torch.arange(N) if cached is not None else  # the first minibatch reuses the log-prob forward
+        perm = (torch.arange(N) if (cfg.inner_epochs, cfg.minibatch_size) == (1, N) else  # one minibatch: no order
+                # (mu = 1: the first reuses the log-prob forward, unless in passes)
                 (torch.randperm(N // G)[:, None] * G + torch.arange(G)).flatten() if objective.pairs
                 else torch.randperm(N))                     # online_dpo pairs within a group: groups stay whole
         for s in range(0, N, cfg.minibatch_size):
             idx = perm[s:s + cfg.minibatch_size].to(batch["seqs"].device)
-            b = {k: v[idx] if v is not None else None for k, v in batch.items()}
-            with run.acc.autocast():
-                b["lp"], b["entropy"], b["values"] = cached if cached is not None else token_logprobs(
-                    run.model, b["seqs"], n_prompt, b["mask"], cfg.temperature, objective.critic,
-                    entropy="grad" if run.coef or cfg.entropy_target else "value", attn=b["attn"])
-                cached = None                                                   # its graph is used once, then freed
-                loss, st = policy_loss(b, cfg, run.coef)
-                loss = loss * token_share(run.acc, b["mask"], cfg)
-            stats.append({**st, **optimizer_step(run, loss, cfg)})
+            b, st = {k: v[idx] if v is not None else None for k, v in batch.items()}, {}
+            losses = passes(run, b, cached, n_prompt, cfg, st)                  # the minibatch's loss (in passes)
+            cached = None                                                       # its graph is used once, then freed
+            stats.append({**optimizer_step(run, losses, cfg), **st})
             if run.bad >= cfg.max_bad_updates:
                 return {}
     return minibatch_means(stats, run.opt)
@@ -532,25 +528,62 @@ def left_pad(groups, prompts, pad_id):  # rollout's groups [G, P_i + T_i] as one
     left = torch.tensor([P - p.shape[1] for p in prompts], device=seqs.device).repeat_interleave(len(groups[0]))
     return seqs, (torch.arange(P + T, device=seqs.device) >= left[:, None]).long(), P  # [N, P+T], [N, P+T], P
 
+def micro_batches(b, rows, n_prompt):  # b in passes of `rows` rows, each without the left pads all its rows share
+    for s in range(0, len(b["seqs"]), rows):
+        c, lead = {k: v[s:s + rows] if v is not None else None for k, v in b.items()}, 0
+        if c["attn"] is not None:                                       # a group's rows share their prompt's pads
+            lead = int((c["attn"] == 0).all(0).long().cumprod(0).sum())
+            c["seqs"], c["attn"] = c["seqs"][:, lead:], c["attn"][:, lead:]             # [r, P-lead+T] each
+            c["attn"] = None if bool(c["attn"].all()) else c["attn"]                    # one prompt: shared
+        yield c, n_prompt - lead
+
+def in_passes(cfg, fn, model, seqs, n_prompt, mask, *args, attn=None, **kw):  # token_logprobs, --micro_batch_size rows
+    if cfg.micro_batch_size >= len(seqs):                               # at a time (each [r, T]), concatenated
+        return fn(model, seqs, n_prompt, mask, *args, attn=attn, **kw)
+    outs = [fn(model, c["seqs"], p, c["mask"], *args, attn=c["attn"], **kw)
+            for c, p in micro_batches(dict(seqs=seqs, mask=mask, attn=attn), cfg.micro_batch_size, n_prompt)]
+    return tuple(None if o[0] is None else torch.cat(o) for o in zip(*outs))          # [N, T] each
+
+def passes(run, b, cached, n_prompt, cfg, stats):
+    """The minibatch b's loss, in passes of --micro_batch_size rows (memory, not math): each pass's loss weighted by
+    its share of the minibatch (its rows; a token mean: its tokens), so their gradients add up to the minibatch's."""
+    objective, token = OBJECTIVES[cfg.objective], OBJECTIVES[cfg.objective].agg == "token_mean"
+    whole = b["mask"].sum() if token else len(b["mask"])
+    for c, p in micro_batches(b, len(b["seqs"]) if cached is not None else cfg.micro_batch_size, n_prompt):
+        with run.acc.autocast():
+            c["lp"], c["entropy"], c["values"] = cached if cached is not None else token_logprobs(
+                run.model, c["seqs"], p, c["mask"], cfg.temperature, objective.critic,
+                entropy="grad" if run.coef or cfg.entropy_target else "value", attn=c["attn"])
+            loss, st = policy_loss(c, cfg, run.coef)
+        w = 1.0 if len(c["seqs"]) == len(b["seqs"]) else float((c["mask"].sum() if token else len(c["mask"])) / whole)
+        for k, v in st.items():
+            stats[k] = stats.get(k, 0.0) + w * v
+        yield loss * w * token_share(run.acc, b["mask"], cfg)
+
 def progress(run, cfg):  # the steps still to do, under a progress bar on a terminal
     from tqdm.auto import tqdm
     return tqdm(range(run.log.start, cfg.num_steps), initial=run.log.start, total=cfg.num_steps, desc="GRPO",
                 disable=not (run.acc.is_main_process and sys.stderr.isatty()))
 
-def optimizer_step(run, loss, cfg):
-    """backward, clip, AdamW step: only if the loss and the gradient are finite on every process (else skipped
-    everywhere, run.bad + 1). Returns the step's loss and pre-clip gradient norm, or that it was skipped."""
-    acc, model, opt = run.acc, run.model, run.opt
-    finite = not acc.gather(torch.tensor([float(not torch.isfinite(loss))], device=acc.device)).any()
-    if finite:                                                          # on every process
+def optimizer_step(run, losses, cfg):
+    """backward (each pass's loss: their gradients add up), clip, AdamW step: only if every loss and the gradient are
+    finite on every process (else skipped everywhere, run.bad + 1). Returns the loss and pre-clip gradient norm, or
+    that it was skipped."""
+    acc, model, opt, total, finite = run.acc, run.model, run.opt, 0.0, True
+    for loss in losses:
+        finite = not acc.gather(torch.tensor([float(not torch.isfinite(loss))], device=acc.device)).any()
+        if not finite:                                                  # on some process
+            break
         acc.backward(loss)                                              # DeepSpeed also steps here
+        total += loss.item()
+    if finite:
         norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)  # pre-clip global norm
         finite = norm is None or math.isfinite(norm)                    # (DeepSpeed skips an inf norm too)
     if finite:
         opt.step()
     run.bad = 0 if finite else run.bad + 1
     opt.zero_grad()
-    return {"loss/policy": loss.item(), "optim/grad_norm": float(norm or 0)} if finite else {"optim/skipped": 1}
+    return {"loss/policy": total, "optim/grad_norm": float(norm or 0)} if finite else {"optim/skipped": 1}
 
 def minibatch_means(stats, opt):  # each stat's mean over the minibatches that report it; how many were skipped
     keys, skipped = set().union(*stats) - {"optim/skipped"}, sum(st.get("optim/skipped", 0) for st in stats)
@@ -629,6 +662,8 @@ class Config(Recipe):  # every flag of the script: the Recipe's (§1), then the 
                                    "unpickle a checkpoint on --resume; off: one error line instead")
     report_to: str = flag("none", "none | tensorboard | wandb (the JSONL log is always written)")
     max_bad_updates: int = flag(3, "stop after this many non-finite updates in a row")
+    micro_batch_size: Optional[int] = knob("all", "rows per forward and backward pass: a minibatch's passes add their "
+                                           "gradients (memory, not math; divides --minibatch_size)")
     eval_size: Optional[int] = knob(64, "held-out instances evaluated before step 0, every --eval_every and at the "
                                     "end (0: none)")
     eval_every: int = flag(0, "also evaluate every N steps (0: only before the first step and after the last)")
@@ -755,6 +790,8 @@ def resolve(cfg: Config, cuda: bool) -> Config:
     cfg.clip_eps_high = cfg.clip_eps if cfg.clip_eps_high == "clip_eps" else cfg.clip_eps_high
     if cfg.minibatch_size == "all":
         cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size
+    if cfg.micro_batch_size == "all" or cfg.micro_batch_size is not None and cfg.micro_batch_size > cfg.minibatch_size:
+        cfg.micro_batch_size = cfg.minibatch_size                       # the preset's, for a smaller minibatch: all
     tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
     if cfg.run_name is None:
         cfg.run_name = f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
@@ -904,7 +941,7 @@ class RunError(RuntimeError): pass   # a failure later (saving, a tracker, a che
 
 RULES = [  # (flags, allowed?, what is allowed)
     ("group_size", lambda v: v >= 2, "must be an integer >= 2 (a group needs a baseline)"),
-    ("prompts_per_step max_new_tokens num_steps inner_epochs minibatch_size keep_last max_bad_updates",
+    ("prompts_per_step max_new_tokens num_steps inner_epochs minibatch_size micro_batch_size keep_last max_bad_updates",
      lambda v: v >= 1, "must be a positive integer"),
     ("eval_size eval_every eval_samples", lambda v: v >= 0, "must be an integer >= 0"),
     ("eval_fraction", lambda v: 0 <= v < 1, "must be a number in [0, 1)"),
@@ -944,6 +981,10 @@ def validate(cfg: Config):
     need(batch <= 2 ** 20, "group_size", f"prompts_per_step*group_size = {batch}: at most 2**20 completions a step")
     need(cfg.max_new_tokens <= 2 ** 20, "max_new_tokens", "must be at most 2**20")
     need(batch % cfg.minibatch_size == 0, "minibatch_size", f"must divide prompts_per_step*group_size = {batch}")
+    need(cfg.minibatch_size % cfg.micro_batch_size == 0, "micro_batch_size", f"must divide --minibatch_size "
+         f"{cfg.minibatch_size}")
+    need(cfg.micro_batch_size == cfg.minibatch_size or not (objective.pairs or deepspeed_launch()), "micro_batch_size",
+         f"must be --minibatch_size {cfg.minibatch_size} with {cfg.objective if objective.pairs else 'DeepSpeed'}")
     if objective.pairs:
         need(cfg.minibatch_size % cfg.group_size == 0, "minibatch_size",
              f"{cfg.objective} pairs samples within a group: use a multiple of group_size = {cfg.group_size}")
