@@ -15,8 +15,8 @@ Departures from textbook GRPO (DeepSeekMath), numbered as in the README (How a s
  6. fp32 weights under bf16 autocast (--dtype amp: the faster samplers read a bf16 copy of them). Beyond GRPO, the
     small model's recipe adds GDPO advantages, an adaptive entropy bonus (Skywork-OR1) and two shaping terms.
 """
-import contextlib, copy, functools, gzip, hashlib, importlib.util, inspect, json, math, os, random, re, resource, shutil
-import sys, time, weakref, zlib
+import contextlib, copy, ctypes, functools, gc, gzip, hashlib, importlib.util, inspect, json, math, os, random, re
+import resource, shutil, sys, time, weakref, zlib
 from dataclasses import asdict, dataclass, field, fields, replace
 from shlex import quote as shlex_quote
 from typing import Callable, NamedTuple, Optional
@@ -1726,12 +1726,20 @@ def save_checkpoint(acc, cfg, next_step, spent, entropy_coef=0.0):
                 json.dump({"next_step": next_step, "spent_s": spent, "run_name": cfg.run_name,
                            "entropy_coef": entropy_coef}, f)
     save_atomically(acc, os.path.join(checkpoint_dir(cfg), f"step_{next_step:06d}"), write)
+    release_memory()                                                    # the save's buffers, back to the system
     if acc.is_main_process:
         for old in own_checkpoints(cfg)[:-cfg.keep_last]:  # only the script's own step_NNNNNN folders
             try:
                 shutil.rmtree(old)
             except OSError as err:
                 raise RunError(f"could not delete the old checkpoint {old}: {one_line(err)}") from None
+
+def release_memory():  # glibc keeps freed heap pages (a 0.5B save's buffers: GBs) until malloc_trim hands them back
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):                                   # not glibc: nothing to do
+        pass
 
 def stop(run, why, code):
     run.log.say(why)
