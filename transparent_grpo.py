@@ -16,7 +16,7 @@ Departures from textbook GRPO (DeepSeekMath), numbered as in the README (How a s
     small model's recipe adds GDPO advantages, an adaptive entropy bonus (Skywork-OR1) and two shaping terms.
 """
 import contextlib, copy, ctypes, functools, gc, gzip, hashlib, importlib.util, inspect, json, math, os, random, re
-import resource, shutil, sys, time, weakref, zlib
+import numbers, resource, shutil, sys, time, weakref, zlib
 from dataclasses import asdict, dataclass, field, fields, replace
 from shlex import quote as shlex_quote
 from typing import Callable, NamedTuple, Optional
@@ -430,7 +430,7 @@ def train(cfg: "Config", reward_fn=None, messages=None):
         # ---- 2. Reward: each completion's score in parts (the toy: its credits), cut at its first EOS
         texts = decode(tok, seqs[:, P:], eos)[0]                                          # [N] cut at the first EOS
         rows = [x for x in instances for _ in range(G)]                                    # [N] each row's instance
-        parts = [task.score(t, x) for t, x in zip(texts, rows)]                            # [N] {part: reward}
+        parts = scores(task, texts, rows, step)                                            # [N] {part: reward}
         R = torch.tensor([sum(p.values()) for p in parts], dtype=torch.float32, device=seqs.device)  # [N]
         t2 = time.time()
 
@@ -682,9 +682,27 @@ def make_task(cfg, reward_fn=None, messages=None):
         task = replace(task, train=[messages], held_out=[], messages=lambda chat: chat)
     if reward_fn is not None:
         two = len(inspect.signature(reward_fn).parameters) >= 2
-        task = replace(task, score=lambda t, x: {"reward": float(reward_fn(t, x) if two else reward_fn(t))},
+        task = replace(task, score=lambda t, x: {"reward": checked_reward(reward_fn, t, x, two)},
                        shaping=lambda t, x: 0)
     return task
+
+class RewardError(RuntimeError): pass  # your reward_fn raised, or returned what is not a finite number
+
+def checked_reward(reward_fn, text, x, two):  # a finite int, float or bool, or a one-element tensor / numpy number
+    try:
+        v = reward_fn(text, x) if two else reward_fn(text)
+    except Exception as err:                                            # your code: its traceback stays (from err)
+        raise RewardError(f"reward_fn raised {one_line(err)} while scoring {text[:60]!r}") from err
+    number = isinstance(v, numbers.Real) or isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_complex()
+    if not number or not math.isfinite(float(v)):
+        raise RewardError(f"reward_fn returned {repr(v)[:60]} for {text[:60]!r}: a reward must be a finite number")
+    return float(v)
+
+def scores(task, texts, rows, step):  # task.score of each completion; a bad reward_fn stops the run, naming the step
+    try:
+        return [task.score(t, x) for t, x in zip(texts, rows)]                          # [N] {part: reward}
+    except RewardError as err:
+        raise RunError(f"step {step}: {err}") from err.__cause__
 
 def read_rows(path, what):
     """The rows of a .jsonl task file: each a JSON object with a "prompt" and an "answer" (strings or numbers), and
@@ -694,26 +712,36 @@ def read_rows(path, what):
     if not os.path.isfile(path):
         bad("no such file")
     rows = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                bad(f"line {n} is not JSON")
-            if not isinstance(row, dict) or not all(isinstance(row.get(k), (str, int, float)) and not isinstance(
-                    row.get(k), bool) and str(row.get(k)).strip() for k in ("prompt", "answer")):
-                bad(f"line {n} is not an object with a non-empty \"prompt\" and \"answer\" (strings or numbers)")
-            if not isinstance(row.get("system", ""), str) or not all(
-                    isinstance(e, list) and len(e) == 2 and all(isinstance(s, str) for s in e)
-                    for e in row.get("examples", []) if isinstance(row.get("examples", []), list)) or not isinstance(
-                    row.get("examples", []), list):
-                bad(f"line {n}: \"system\" must be a string and \"examples\" a list of [question, solution] pairs")
-            rows.append({**row, "line": n})
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:              # a BOM first is read as none
+            lines = list(f)
+    except OSError as err:                                                          # EACCES, EIO, ...
+        bad(f"it cannot be read ({err.strerror or type(err).__name__})")
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):                                        # RecursionError: deep nesting
+            bad(f"line {n} is not JSON (or nests too deeply)")
+        if not isinstance(row, dict) or not all(isinstance(row.get(k), (str, int, float)) and not isinstance(
+                row.get(k), bool) and str(row.get(k)).strip() for k in ("prompt", "answer")):
+            bad(f"line {n} is not an object with a non-empty \"prompt\" and \"answer\" (strings or numbers)")
+        ex = row.get("examples", [])
+        if not isinstance(row.get("system", ""), str) or not isinstance(ex, list) or not all(
+                isinstance(e, list) and len(e) == 2 and all(isinstance(s, str) for s in e) for e in ex):
+            bad(f"line {n}: \"system\" must be a string and \"examples\" a list of [question, solution] pairs")
+        texts = [str(row["prompt"]), str(row["answer"]), row.get("system", ""), *(s for e in ex for s in e)]
+        if any(SURROGATE.search(t) for t in texts):
+            bad(f"line {n} holds a lone surrogate (e.g. \"\\ud800\"): not text a tokenizer can read")
+        if not all(math.isfinite(v) for v in (row["prompt"], row["answer"]) if isinstance(v, float)):
+            bad(f"line {n}: a number must be finite")
+        rows.append({**row, "line": n})
     if not rows:
         bad("it holds no rows")
     return rows
+
+SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: JSON can spell it, UTF-8 cannot hold it
 
 def file_task(cfg):
     """--task file.jsonl: a group per row, the reward from its answer (boxed_reward); the held-out rows are chosen by a
@@ -724,6 +752,11 @@ def file_task(cfg):
     held = lambda r: digest(r)[0] < 256 * cfg.eval_fraction
     train = rows if cfg.eval_file else [r for r in rows if not held(r)]
     held_out = read_rows(cfg.eval_file, "--eval_file") if cfg.eval_file else [r for r in rows if held(r)]
+    seen = {(str(r["prompt"]), str(r["answer"])) for r in train}
+    both = sum((str(r["prompt"]), str(r["answer"])) in seen for r in held_out) if cfg.eval_file else 0
+    if both:                                                                        # held out means never trained on
+        raise ConfigError(f"--eval_file={cfg.eval_file!r} is invalid: {both} of its {len(held_out)} rows are also "
+                          f"rows of --task (the same prompt and answer): evaluate on rows it does not train on")
     if len(train) < cfg.prompts_per_step:
         raise ConfigError(f"--task={cfg.task!r} is invalid: {len(train)} training rows after the held-out split "
                           f"(--eval_fraction {cfg.eval_fraction}), fewer than --prompts_per_step "
@@ -978,6 +1011,10 @@ def validate(cfg: Config):
     need(cfg.task in TASKS or cfg.task.endswith(".jsonl"), "task", f"choose {', '.join(TASKS)} or a .jsonl file")
     task = TASKS[cfg.task](cfg) if cfg.task in TASKS else file_task(cfg)      # a file's bad line: one line here
     batch = cfg.prompts_per_step * cfg.group_size
+    need(len(task.train) == 1 or cfg.prompts_per_step <= len(task.train), "prompts_per_step",
+         f"the task trains on {len(task.train)} instances: at most that many a step")
+    need(min(cfg.eval_size, len(task.held_out)) * cfg.eval_samples <= 2 ** 20, "eval_samples",
+         "eval_size*eval_samples: at most 2**20 completions an evaluation")
     need(batch <= 2 ** 20, "group_size", f"prompts_per_step*group_size = {batch}: at most 2**20 completions a step")
     need(cfg.max_new_tokens <= 2 ** 20, "max_new_tokens", "must be at most 2**20")
     need(batch % cfg.minibatch_size == 0, "minibatch_size", f"must divide prompts_per_step*group_size = {batch}")
@@ -1000,7 +1037,11 @@ def validate(cfg: Config):
          f"the model's context window is {context} tokens, prompt included")
     if cfg.task not in TASKS and context:  # a file's rows: each chat must leave room for --max_new_tokens
         tok = tokenizer_of(cfg.model, cfg.trust_remote_code)
+        most = context * max(map(len, tok.get_vocab()))                  # characters: no prompt that long fits
         for x in task.train + task.held_out:
+            chars = sum(len(m["content"]) for m in task.messages(x))
+            need(chars <= most, "task", f"line {x['line']}'s chat is {chars} characters: more than the context "
+                 f"window of {context} tokens can hold")
             chat = tok.apply_chat_template(task.messages(x), add_generation_prompt=True, return_dict=True)
             P = len(chat["input_ids"])
             need(P + cfg.max_new_tokens <= context, "task", f"line {x['line']}'s prompt is {P} tokens: with "
@@ -1757,7 +1798,7 @@ def evaluate(run, task, cfg, eos, step):
     acc, model, tok, pad_id = run.acc, run.model, run.tok, run.tok.pad_token_id
     t0, was_training, k = time.time(), model.training, cfg.eval_samples
     mine = task.held_out[:cfg.eval_size][acc.process_index::acc.num_processes]       # this process's share
-    parts = list(task.score("", task.held_out[0]))                                    # the reward's parts, as named
+    parts = list(scores(task, [""], task.held_out[:1], step)[0])                     # the reward's parts, as named
     sums = dict.fromkeys(["accuracy", "reward", "len_mean", "truncated_frac", *(f"credit/{p}" for p in parts),
                           *(["sampled_accuracy", f"pass@{k}"] if k else [])], 0.0)   # the same keys on every process
     if mine:
@@ -1768,7 +1809,7 @@ def evaluate(run, task, cfg, eos, step):
             texts, mask, cut = decode(tok, generate_many(sampler, prompts, 1, cfg, eos, pad_id, greedy=True),
                                       eos)                                            # [n], [n, T], [n]
             for text, x in zip(texts, mine):
-                score = task.score(text, x)
+                score = scores(task, [text], [x], step)[0]
                 sums["accuracy"] += task.correct(text, x)
                 sums["reward"] += sum(score.values())
                 for p in parts:

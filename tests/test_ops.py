@@ -1,6 +1,7 @@
 """Operability: bad input fails early and clearly, the numerical guard, seeds, kill-and-resume, clean logs."""
 import gzip
 import json
+import re
 import os
 import signal
 import subprocess
@@ -347,8 +348,10 @@ def test_non_finite_updates_are_skipped_then_the_run_stops(tiny_model, tmp_path,
         method = getattr(accelerate.Accelerator, name)
         monkeypatch.setattr(accelerate.Accelerator, name, lambda self, m=method, n=name: (calls.append(n), m(self))[1])
     cfg = small_cfg(tiny_model, tmp_path, num_steps=5, max_bad_updates=3, inner_epochs=1)
+    real = tg.policy_loss                       # a NaN reward stops the run at once (test_doors): a NaN loss here
+    monkeypatch.setattr(tg, "policy_loss", lambda *a, **k: (lambda out: (out[0] * float("nan"), out[1]))(real(*a, **k)))
     with pytest.raises(SystemExit) as stop:
-        tg.train(cfg, reward_fn=lambda text: float("nan"))
+        tg.train(cfg, reward_fn=lambda text: text.count("a") / 8)
     assert stop.value.code == 3 and calls[-2:] == ["wait_for_everyone", "end_training"]
     assert "stopping: 3 non-finite" in open(tmp_path / "r.log").read()
     rows = [json.loads(ln) for ln in open(tmp_path / "r.jsonl")]
@@ -489,7 +492,7 @@ def test_a_time_limit_ends_the_run_after_the_step_that_reaches_it(tiny_model, tm
     tg.main(main_args(tiny_model, tmp_path, "--num_steps", "5", "--time_limit", "1e-9"))
     assert [json.loads(ln)["step"] for ln in open(tmp_path / "logs" / "r.jsonl")] == [0]
     log = open(tmp_path / "logs" / "r.log").read()
-    assert "stopping after step 0: 0.0 minutes of steps (--time_limit 1e-09)" in log
+    assert re.search(r"stopping after step 0: \d+\.\d minutes of steps \(--time_limit 1e-09\)", log)  # a slow machine
     assert (tmp_path / "out" / "r" / "final" / "config.json").exists()
 
 

@@ -407,7 +407,7 @@ BAD = [  # (flags, what the one line must hold); {x}: the folder x of `folders`
     (["--run_name", "a\\b"], "is invalid: must be one plain file name"),
     (["--run_name", "line\nbreak"], "is invalid: must be one plain file name"),
     (["--run_name", "x" * 201], "is invalid: must be one plain file name"),
-    (["--preset", "foo"], "--preset='foo' is invalid: choose one of qwen2.5-3b, smollm2-135m"),
+    (["--preset", "foo"], "--preset='foo' is invalid: choose one of " + ", ".join(sorted(tg.PRESETS))),
     (["--preset", ""], "--preset='' is invalid: choose one of"),
     (["--resume_from", ""], "--resume_from='' is invalid: must name a checkpoint folder"),
     (["--advantage", ""], "--advantage='' is invalid: choose one of"),
