@@ -1797,6 +1797,7 @@ def evaluate(run, task, cfg, eos, step):
         return {}
     acc, model, tok, pad_id = run.acc, run.model, run.tok, run.tok.pad_token_id
     t0, was_training, k = time.time(), model.training, cfg.eval_samples
+    release_memory()                        # the steps' freed buffers: a 0.5B run's evaluation needs the room (RSS)
     mine = task.held_out[:cfg.eval_size][acc.process_index::acc.num_processes]       # this process's share
     parts = list(scores(task, [""], task.held_out[:1], step)[0])                     # the reward's parts, as named
     sums = dict.fromkeys(["accuracy", "reward", "len_mean", "truncated_frac", *(f"credit/{p}" for p in parts),
