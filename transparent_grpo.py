@@ -38,6 +38,7 @@ PRESETS = {  # one recipe per model: the fields where it differs from the defaul
                                max_new_tokens=256, temperature=0.8, learning_rate=2e-6, num_steps=40, inner_epochs=1,
                                worked_examples=2, micro_batch_size=8),
 }
+KL_PLACEMENTS = ("reward", "loss", "none")  # where beta*KL goes: the advantage (§6), policy_loss (§7), nowhere
 
 def flag(default, help, **kw):
     return field(default=default, metadata={"help": help, **kw})
@@ -54,7 +55,7 @@ class Recipe:  # the algorithm's flags, --name value, each with its default; Con
                                "family a group) | a .jsonl file of {\"prompt\", \"answer\"} rows (README: Your task)")
     objective: str = flag("grpo", "policy loss, a key of OBJECTIVES (§7)")
     kl_estimator: str = flag("k1", "per-token KL estimator, a key of KL_ESTIMATORS (§6)")
-    kl_placement: Optional[str] = knob("reward", "reward | loss | none: where beta*KL goes")
+    kl_placement: Optional[str] = knob("reward", " | ".join(KL_PLACEMENTS) + ": where beta*KL goes")
     advantage: Optional[str] = knob("zscore", "a key of ADVANTAGES (§6); an objective may have its own (ppo's and "
                                     "online_dpo's are none of these)")
     group_size: Optional[int] = knob(4, "G, samples per prompt")
@@ -347,11 +348,14 @@ def online_dpo(b, cfg, agg):
     valid = (R.max(1).values > R.min(1).values).float()                                 # [Q] ties make no pair
     return -(F.logsigmoid(margin) * valid).sum() / valid.sum().clamp(min=1), {"dpo/pairs": valid.sum().item()}
 
-AGGREGATE = {  # how per-token losses [B, T] become one number
-    "seq_mean": lambda x, m, cfg: ((x * m).sum(1) / m.sum(1).clamp(min=1)).mean(),    # 1/B sum_i 1/|o_i| sum_t
-    "token_mean": lambda x, m, cfg: (x * m).sum() / m.sum().clamp(min=1),              # DAPO: all tokens equal
-    "max_len": lambda x, m, cfg: (x * m).sum() / (m.shape[0] * cfg.max_new_tokens),    # Dr.GRPO: no length bias
-    "seq_sum": lambda x, m, cfg: (x * m).sum(1).mean(),                                # REINFORCE: sum_t logpi
+class Aggregate(NamedTuple):  # a row of AGGREGATE: fn(x, m, cfg) makes per-token losses x [B, T] (mask m) one number
+    fn: Callable
+    per_token: bool = False      # / this process's token count (token_share, below the marker: / every process's)
+AGGREGATE = {
+    "seq_mean": Aggregate(lambda x, m, cfg: ((x * m).sum(1) / m.sum(1).clamp(min=1)).mean()),  # 1/B sum_i 1/|o_i| sum_t
+    "token_mean": Aggregate(lambda x, m, cfg: (x * m).sum() / m.sum().clamp(min=1), per_token=True),  # DAPO
+    "max_len": Aggregate(lambda x, m, cfg: (x * m).sum() / (m.shape[0] * cfg.max_new_tokens)),  # Dr.GRPO: no len bias
+    "seq_sum": Aggregate(lambda x, m, cfg: (x * m).sum(1).mean()),                              # REINFORCE: sum_t logpi
 }
 class Objective(NamedTuple):  # a row of OBJECTIVES: the loss and what it needs from the rest of the step
     loss: Callable               # (minibatch, cfg, agg) -> (loss, stats)
@@ -359,7 +363,8 @@ class Objective(NamedTuple):  # a row of OBJECTIVES: the loss and what it needs 
     advantage: Optional[str] = None  # its own advantage (a key of ADVANTAGES), else the preset's (critic, pairs: none)
     clips: str = "both"          # the ratio clip it reads: both (--clip_eps, --clip_eps_high) | high | none
     critic: bool = False         # a value head: token advantages from GAE (--gamma, --lam, --vf_coef, --vf_clip)
-    pairs: bool = False          # compares samples of a group: minibatches keep groups whole; its KL is built in
+    pairs: bool = False          # compares samples of a group: minibatches keep groups whole
+    reference: bool = False      # its KL is built in (needs the reference model; --kl_placement none)
     defaults: dict = {}          # its own defaults for flags (a preset's and the Recipe's give way; yours win)
 
 OBJECTIVES = {  # a new objective: one function above and one row here
@@ -371,7 +376,7 @@ OBJECTIVES = {  # a new objective: one function above and one row here
     "reinforce": Objective(reinforce, "seq_sum", "none", clips="none"),
     "rloo": Objective(reinforce, "seq_sum", "rloo", clips="none"),
     "ppo": Objective(ppo, "token_mean", critic=True),
-    "online_dpo": Objective(online_dpo, "seq_mean", clips="none", pairs=True,
+    "online_dpo": Objective(online_dpo, "seq_mean", clips="none", pairs=True, reference=True,
                             defaults=dict(beta=0.1, kl_placement="none")),
 }
 
@@ -379,7 +384,7 @@ def policy_loss(b, cfg, entropy_coef=None):
     """The objective, plus beta*KL in the loss (if placed there) and the entropy bonus (this step's coefficient, else
     --entropy_coef), with the same averaging."""
     objective = OBJECTIVES[cfg.objective]
-    agg = lambda x: AGGREGATE[objective.agg](x, b["mask"], cfg)
+    agg = lambda x: AGGREGATE[objective.agg].fn(x, b["mask"], cfg)
     loss, stats = objective.loss(b, cfg, agg)
     if cfg.kl_placement == "loss":                                                      # + beta * k(logpi - logpi_ref)
         loss = loss + cfg.beta * agg(KL_ESTIMATORS[cfg.kl_estimator](b["lp"] - b["ref_lp"]))
@@ -393,13 +398,6 @@ def entropy_coef(coef, H, cfg):
     if not cfg.entropy_target:
         return coef
     return min(max(coef + cfg.entropy_step * (1 if H < cfg.entropy_target else -1), 0.0), cfg.entropy_coef_max)
-
-def token_share(acc, mask, cfg):
-    """DDP averages gradients over processes, so a per-process token mean would weight each process's tokens by 1/its
-    own count. Scaling by (own tokens * processes / all tokens) makes it the token mean over every process's tokens."""
-    if OBJECTIVES[cfg.objective].agg != "token_mean" or acc.num_processes == 1:
-        return 1.0
-    return mask.sum() * acc.num_processes / acc.gather(mask.sum().reshape(1)).sum().clamp(min=1)
 
 # ============================================================================ 8. Training loop
 def draw(pool, n, seed):  # the step's n instances, without replacement (the one problem: itself, n times)
@@ -544,10 +542,17 @@ def in_passes(cfg, fn, model, seqs, n_prompt, mask, *args, attn=None, **kw):  # 
             for c, p in micro_batches(dict(seqs=seqs, mask=mask, attn=attn), cfg.micro_batch_size, n_prompt)]
     return tuple(None if o[0] is None else torch.cat(o) for o in zip(*outs))          # [N, T] each
 
+def token_share(acc, mask, cfg):
+    """DDP averages gradients over processes, so a per-process token mean would weight each process's tokens by 1/its
+    own count. Scaling by (own tokens * processes / all tokens) makes it the token mean over every process's tokens."""
+    if not AGGREGATE[OBJECTIVES[cfg.objective].agg].per_token or acc.num_processes == 1:
+        return 1.0
+    return mask.sum() * acc.num_processes / acc.gather(mask.sum().reshape(1)).sum().clamp(min=1)
+
 def passes(run, b, cached, n_prompt, cfg, stats):
     """The minibatch b's loss, in passes of --micro_batch_size rows (memory, not math): each pass's loss weighted by
     its share of the minibatch (its rows; a token mean: its tokens), so their gradients add up to the minibatch's."""
-    objective, token = OBJECTIVES[cfg.objective], OBJECTIVES[cfg.objective].agg == "token_mean"
+    objective, token = OBJECTIVES[cfg.objective], AGGREGATE[OBJECTIVES[cfg.objective].agg].per_token
     whole = b["mask"].sum() if token else len(b["mask"])
     for c, p in micro_batches(b, len(b["seqs"]) if cached is not None else cfg.micro_batch_size, n_prompt):
         with run.acc.autocast():
@@ -953,7 +958,7 @@ def chat_prompt(tok, messages, model, cfg):  # [1, P] the chat's token ids; the 
     return ids["input_ids"]
 
 def needs_reference(cfg):
-    return cfg.beta > 0 and (cfg.kl_placement != "none" or OBJECTIVES[cfg.objective].pairs)
+    return cfg.beta > 0 and (cfg.kl_placement != "none" or OBJECTIVES[cfg.objective].reference)
 
 def match_dtypes(ref, policy):
     """Each reference tensor takes the dtype of the policy's tensor of the same name. DeepSpeed bf16 casts the policy's
@@ -995,7 +1000,7 @@ def validate(cfg: Config):
         if not ok:
             raise ConfigError(f"--{name}={getattr(cfg, name)!r} is invalid: {allowed}")
     choices = dict(preset=sorted(PRESETS), objective=sorted(OBJECTIVES), kl_estimator=sorted(KL_ESTIMATORS),
-                   advantage=sorted(ADVANTAGES), kl_placement=["reward", "loss", "none"], sampler=["auto", "plain",
+                   advantage=sorted(ADVANTAGES), kl_placement=list(KL_PLACEMENTS), sampler=["auto", "plain",
                    *SAMPLERS], dtype=["auto", "fp32", "amp", "bf16"], report_to=["none", "tensorboard", "wandb"])
     own = OBJECTIVES.get(cfg.objective)
     if cfg.advantage is None and own and (own.critic or own.pairs):  # ppo, online_dpo: their own (resolve)
@@ -1025,6 +1030,7 @@ def validate(cfg: Config):
     if objective.pairs:
         need(cfg.minibatch_size % cfg.group_size == 0, "minibatch_size",
              f"{cfg.objective} pairs samples within a group: use a multiple of group_size = {cfg.group_size}")
+    if objective.reference:
         need(cfg.kl_placement == "none", "kl_placement", f"{cfg.objective} has its KL built in: use none")
         need(cfg.beta > 0, "beta", f"{cfg.objective} needs beta > 0 (its temperature)")
     need(cfg.report_to == "none" or importlib.util.find_spec(cfg.report_to), "report_to",
@@ -1183,7 +1189,7 @@ IGNORED = [  # (flags, when they would do nothing, why (or why(cfg))): a flag yo
     ("kl_estimator", lambda c: c.kl_placement == "none" or c.beta == 0, "there is no KL term (--kl_placement none "
      "or --beta 0)"),
     ("kl_placement", lambda c: c.beta == 0, "with --beta 0 there is no KL term"),
-    ("beta", lambda c: c.kl_placement == "none" and not OBJECTIVES[c.objective].pairs, "--kl_placement none: no KL "
+    ("beta", lambda c: c.kl_placement == "none" and not OBJECTIVES[c.objective].reference, "--kl_placement none: no KL "
      "term"),
     ("ref_update_every", lambda c: not needs_reference(c), "there is no reference model (no KL term)"),
     ("entropy_step entropy_coef_max", lambda c: not c.entropy_target, "only the adaptive bonus (--entropy_target > 0) "
@@ -1881,7 +1887,7 @@ def step_metrics(acc, cfg, batch, seen, stats):
          "perf/peak_mem_gb": (torch.cuda.max_memory_allocated() if torch.cuda.is_available() else
                               resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2 ** 30}
     if batch["ref_lp"] is not None:  # per completion token, whatever estimator the reward uses
-        for k in ("k1", "k3"):
+        for k in KL_ESTIMATORS:
             m[f"kl/{k}"] = sequence_kl(batch["old_lp"], batch["ref_lp"], mask, k)[1].sum() / mask.sum()
         m["kl/seq"] = kl_seq.mean()
     keys = sorted(m)

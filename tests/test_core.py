@@ -383,13 +383,16 @@ def test_defaults_beside_their_flags_and_presets_as_differences_give_the_two_rec
     cfg = tg.resolve(tg.Config(), cuda=cuda)
     assert {k: getattr(cfg, k) for k in recipe} == recipe
     assert tg.PRESETS["qwen2.5-3b"] == dict(model=THE_3B["model"])                  # the defaults are the 3B recipe
-    own = {"dr_grpo": dict(advantage="mean"), "dapo": dict(clip_eps_high=0.28),
+    own = {"grpo": {}, "dr_grpo": dict(advantage="mean"), "dapo": dict(clip_eps_high=0.28),
            "gspo": dict(clip_eps=3e-4, clip_eps_high=4e-4), "cispo": dict(clip_eps_high=4.0),
            "reinforce": dict(advantage="none"), "rloo": dict(advantage="rloo"), "ppo": dict(advantage=None),
-           "online_dpo": dict(beta=0.1, kl_placement="none", advantage=None)}
-    for objective in tg.OBJECTIVES:
+           "online_dpo": dict(beta=0.1, kl_placement="none", advantage=None)}   # pinned; a new row: what it says
+    for objective, row in tg.OBJECTIVES.items():
+        says = {**({"advantage": row.advantage} if row.advantage else {}), **row.defaults}
+        says |= {"advantage": None} if row.critic or row.pairs else {}             # their own: no ADVANTAGES row
         cfg = tg.resolve(tg.Config(objective=objective), cuda=cuda)
-        assert {k: getattr(cfg, k) for k in recipe} == {**recipe, **own.get(objective, {})}, objective
+        expected = {**recipe, **{k: v for k, v in own.get(objective, says).items() if k in recipe}}
+        assert {k: getattr(cfg, k) for k in recipe} == expected, objective
     passed = tg.resolve(tg.Config(objective="gspo", clip_eps=0.1, advantage="mean", group_size=8), cuda=cuda)
     assert (passed.clip_eps, passed.clip_eps_high, passed.advantage, passed.minibatch_size) == (0.1, 4e-4, "mean", 8)
     assert tg.resolve(tg.Config(clip_eps=0.3), cuda=cuda).clip_eps_high == 0.3       # its default: clip_eps

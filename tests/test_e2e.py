@@ -114,10 +114,11 @@ def test_deepspeed_skipped_steps_count_as_skipped(tmp_path, tiny_model):
 def test_every_objective_runs(tmp_path, tiny_qwen, objective):
     p, rows = run_script(tmp_path, "--model", tiny_qwen, "--objective", objective, "--inner_epochs", "2",
                          "--minibatch_size", "4" if objective == "online_dpo" else "2", in_process=True)
-    required = [k for k in REQUIRED if not (k.startswith("clip/") and objective in ("reinforce", "rloo", "online_dpo"))]
+    row = tg.OBJECTIVES[objective]                                      # what the row says it needs and logs
+    required = [k for k in REQUIRED if not (k.startswith("clip/") and row.clips == "none")]
     check_run(tmp_path, p, rows, required)
-    own, said = tg.OBJECTIVES[objective].advantage, open(tmp_path / "logs" / "t.log").read()
-    own = {"ppo": "GAE on its value head", "online_dpo": "pairs (best vs worst)"}.get(objective, own)
+    said = open(tmp_path / "logs" / "t.log").read()
+    own = "GAE on its value head" if row.critic else "pairs (best vs worst)" if row.pairs else row.advantage
     assert (f"advantage: {own}, {objective}'s own (not the smollm2-135m preset's gdpo)" in said) == (own is not None)
 
 
@@ -177,11 +178,12 @@ def test_with_gradient_checkpointing_the_reference_computes_what_the_policy_comp
 
 
 @pytest.mark.parametrize("estimator", sorted(tg.KL_ESTIMATORS))
-@pytest.mark.parametrize("placement", ["reward", "loss"])
+@pytest.mark.parametrize("placement", [p for p in tg.KL_PLACEMENTS if p != "none"])
 def test_every_estimator_and_placement_runs(tmp_path, tiny_model, estimator, placement):
     p, rows = run_script(tmp_path, "--model", tiny_model, "--kl_estimator", estimator, "--kl_placement", placement,
                          in_process=True)
-    check_run(tmp_path, p, rows)
+    check_run(tmp_path, p, rows, REQUIRED + [f"kl/{k}" for k in tg.KL_ESTIMATORS])  # each estimator logged
+    assert all(rows[0][f"kl/{k}"] == 0.0 for k in tg.KL_ESTIMATORS)    # pi = pi_ref at step 0: every k(0) = 0
 
 
 def test_cpu_default_configuration_two_steps(tmp_path):

@@ -64,6 +64,9 @@ def expected_grad(cfg, task_reward=None, ref_theta=REF_THETA, theta=THETA):
         R = task_reward[y] if task_reward is not None else torch.zeros(len(ys), dtype=D)
         A = tg.advantages(R.view(1, -1), kl_seq.view(1, -1), cfg).flatten()
         b = dict(lp=lp, old_lp=lp.detach(), ref_lp=ref_lp, mask=mask, adv=A, R=R, entropy=torch.zeros_like(lp))
+        if tg.OBJECTIVES[cfg.objective].critic:      # a value head at V = 0: GAE's advantages (R on the one token)
+            b["values"] = b["old_values"] = torch.zeros_like(lp)
+            b["adv"], b["returns"] = tg.ppo_advantages(R, kl_tok, b["old_values"], mask, cfg)
         loss, _ = tg.policy_loss(b, cfg)
         total = total + lp.sum().exp().detach() * loss       # P(tuple) is not differentiated
     return torch.autograd.grad(total, theta)[0]
@@ -84,13 +87,17 @@ def grad_expected_reward():  # d/dtheta_k E[R] = pi_k (R_k - E[R])
 
 
 BETA = 0.05
-KL_CASES = [  # (estimator, placement, expected gradient / beta)
-    ("k1", "reward", grad_reverse_kl),                  # the default: unbiased reverse-KL gradient
-    ("k1", "loss", lambda: torch.zeros(K, dtype=D)),   # zero expected gradient: beta only adds noise
-    ("k2", "loss", grad_reverse_kl),                    # k2's gradient l*grad(l) is the reverse-KL gradient
-    ("k3", "loss", grad_forward_kl),                    # k3 in the loss: the FORWARD KL's gradient
-    ("k3+", "loss", grad_reverse_kl),                   # k3 value, k2 gradient
-]
+ESTIMATOR_CLAIMS = {  # what each known row claims (README's table), checked exactly by enumeration; a new row claims
+    # nothing: it gets the checks every row must pass (test_registries.py). mean: E_pi[k(l)]; loss, reward: the
+    # expected gradient / beta with the estimator placed there
+    "k1": dict(mean=lambda p, l: (p * l).sum(), reward=grad_reverse_kl,   # unbiased, reverse-KL gradient (default)
+               loss=lambda: torch.zeros(K, dtype=D)),                     # zero expected gradient: beta only adds noise
+    "k2": dict(mean=lambda p, l: (0.5 * p * l ** 2).sum(), loss=grad_reverse_kl),  # biased; l*grad(l): reverse KL
+    "k3": dict(mean=lambda p, l: (p * l).sum(), nonneg=True, loss=grad_forward_kl),  # in the loss: the FORWARD KL
+    "k3+": dict(mean=lambda p, l: (p * l).sum(), nonneg=True, loss=grad_reverse_kl),  # k3 value, k2 gradient
+}
+KL_CASES = [(e, placement, claim[placement]) for e, claim in ESTIMATOR_CLAIMS.items() for placement in tg.KL_PLACEMENTS
+            if placement in claim]  # (estimator, placement, expected gradient / beta)
 
 
 @pytest.mark.parametrize("objective", ["grpo", "reinforce", "rloo", "dapo", "cispo"])
@@ -278,7 +285,8 @@ def test_gae_matches_hand_computation():
 @pytest.mark.parametrize("objective", sorted(tg.OBJECTIVES))
 def test_bandit_every_objective_finds_the_best_arm(objective):
     arm_reward = torch.tensor([0.2, 0.5, 1.0, 0.0], dtype=D)
-    cfg = cfg_for(objective=objective, group_size=8, minibatch_size=8, beta=0.1 if objective == "online_dpo" else 0.01)
+    row = tg.OBJECTIVES[objective]                                       # its KL built in: beta is its own
+    cfg = cfg_for(objective=objective, group_size=8, minibatch_size=8, beta=0.1 if row.reference else 0.01)
     theta = torch.zeros(4, dtype=D, requires_grad=True)
     value = torch.zeros(1, dtype=D, requires_grad=True)
     opt = torch.optim.Adam([theta, value], lr=0.1)
@@ -292,7 +300,7 @@ def test_bandit_every_objective_finds_the_best_arm(objective):
         kl_tok, kl_seq = tg.sequence_kl(lp, ref_lp, mask, cfg.kl_estimator)
         b = dict(lp=lp, old_lp=lp.detach(), ref_lp=ref_lp, mask=mask, R=R, entropy=torch.zeros_like(lp),
                  adv=tg.advantages(R.view(1, -1), kl_seq.view(1, -1), cfg).flatten())
-        if objective == "ppo":
+        if row.critic:
             b["values"] = value.expand(8, 1)
             b["old_values"] = b["values"].detach()
             b["adv"], b["returns"] = tg.ppo_advantages(R, kl_tok, b["old_values"], mask, cfg)

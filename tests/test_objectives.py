@@ -44,8 +44,12 @@ def make_batch(seed=0, ratio_scale=0.4, shift=0.0):
 
 # ------------------------------------------------------------------ the reference: one sequence, one token at a time
 def ref_aggregate(name, per_token, b, cfg):
-    """per_token(i, t) -> a scalar; the objective's averaging written out."""
+    """per_token(i, t) -> a scalar; the objective's averaging written out (a new AGGREGATE row: the trainer's own)."""
     L = [int(n) for n in b["mask"].sum(1)]
+    if name not in ("seq_mean", "token_mean", "max_len", "seq_sum"):
+        x = torch.stack([torch.stack([per_token(i, t) if t < L[i] else torch.zeros((), dtype=D) for t in range(T)])
+                         for i in range(B)])
+        return tg.AGGREGATE[name].fn(x, b["mask"], cfg)
     seq_sums = [sum(per_token(i, t) for t in range(L[i])) for i in range(B)]
     return {"seq_mean": sum(s / L[i] for i, s in enumerate(seq_sums)) / B,
             "token_mean": sum(seq_sums) / sum(L),
@@ -54,8 +58,10 @@ def ref_aggregate(name, per_token, b, cfg):
 
 
 def ref_loss(b, cfg):
+    """The objective written out, then the KL in the loss and the entropy bonus. An objective this file has no
+    reference for (a new row) takes the trainer's own loss for its part: its KL and entropy terms are still checked."""
     lp, old, A, el, eh = b["lp"], b["old_lp"], b["adv"], cfg.clip_eps, cfg.clip_eps_high
-    agg = tg.OBJECTIVES[cfg.objective][1]
+    agg = tg.OBJECTIVES[cfg.objective].agg
     adv = (lambda i, t: A[i, t]) if A.dim() == 2 else (lambda i, t: A[i])
     ratio = lambda i, t: torch.exp(lp[i, t] - old[i, t])
     clipped = lambda i, t: -torch.minimum(ratio(i, t) * adv(i, t), ratio(i, t).clamp(1 - el, 1 + eh) * adv(i, t))
@@ -84,6 +90,8 @@ def ref_loss(b, cfg):
             if max(Rg) > min(Rg):
                 pairs.append(-F.logsigmoid(cfg.beta * (rho(w) - rho(l))))
         loss = sum(pairs) / max(len(pairs), 1)
+    else:                                   # a new row: no exact reference for its own part
+        loss = tg.OBJECTIVES[cfg.objective].loss(b, cfg, lambda x: tg.AGGREGATE[agg].fn(x, b["mask"], cfg))[0]
     if cfg.kl_placement == "loss":  # + beta * k(logpi - logpi_ref), averaged like the objective
         k = lambda i, t: tg.KL_ESTIMATORS[cfg.kl_estimator](lp[i, t] - b["ref_lp"][i, t])
         loss = loss + cfg.beta * ref_aggregate(agg, k, b, cfg)
@@ -94,7 +102,7 @@ def ref_loss(b, cfg):
 
 def compare(b, cfg):
     """Same loss value and same gradients (log-probs, entropy, values) as the reference."""
-    if cfg.objective == "ppo":
+    if tg.OBJECTIVES[cfg.objective].critic:           # token advantages, as GAE gives
         b["adv"] = torch.randn(B, T, generator=torch.Generator().manual_seed(1), dtype=D) * b["mask"]
     ours, ref = tg.policy_loss(b, cfg)[0], ref_loss(b, cfg)
     torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-14)
@@ -110,12 +118,12 @@ def test_objective_matches_the_reference_off_policy(objective):
     b = make_batch()
     if objective == "gspo":  # its clip range is tiny: log-ratios of ~1e-4, some sequences inside, some outside
         b = make_batch(ratio_scale=1e-4, shift=GSPO_SHIFT)
-    compare(b, cfg_for(objective=objective, beta=0.1 if objective == "online_dpo" else 0.0,
-                       kl_placement="none" if objective == "online_dpo" else None))
+    own_kl = tg.OBJECTIVES[objective].reference                          # its KL built in: beta is its own
+    compare(b, cfg_for(objective=objective, beta=0.1 if own_kl else 0.0, kl_placement="none" if own_kl else None))
 
 
-@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
-@pytest.mark.parametrize("objective", sorted(set(tg.OBJECTIVES) - {"online_dpo"}))
+@pytest.mark.parametrize("estimator", sorted(tg.KL_ESTIMATORS))
+@pytest.mark.parametrize("objective", sorted(k for k, row in tg.OBJECTIVES.items() if not row.reference))
 def test_kl_in_the_loss_uses_the_objectives_averaging(objective, estimator):
     b = make_batch(ratio_scale=1e-4, shift=GSPO_SHIFT) if objective == "gspo" else make_batch()
     compare(b, cfg_for(objective=objective, kl_placement="loss", kl_estimator=estimator, beta=0.07))
@@ -166,7 +174,7 @@ def test_gae_ignores_rewards_and_values_after_the_last_token():
         torch.testing.assert_close(ret[i, :n], A[i, :n] + values[i, :n], rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("placement", ["reward", "loss"])
+@pytest.mark.parametrize("placement", [p for p in tg.KL_PLACEMENTS if p != "none"])
 def test_ppo_advantages_by_hand(placement):
     """Token rewards -beta*k_t (only when the KL is in the reward) plus R on the last token, GAE, then whitening."""
     cfg = cfg_for(objective="ppo", beta=0.2, kl_placement=placement, gamma=0.95, lam=0.9)

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BAD = [  # (flags, text the one-line error must contain); {tmp} is a scratch folder made by the test
     (["--objective", "foo"], "--objective='foo'"),
-    (["--kl_estimator", "k4"], "--kl_estimator='k4'"),
+    (["--kl_estimator", "not_an_estimator"], "--kl_estimator='not_an_estimator'"),
     (["--kl_placement", "everywhere"], "--kl_placement='everywhere'"),
     (["--advantage", "magic"], "--advantage='magic'"),
     (["--group_size", "1"], "--group_size=1"),
