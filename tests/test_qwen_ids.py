@@ -94,3 +94,15 @@ def test_sampling_stops_a_row_at_im_end_only(qwen, tmp_path):
     mask, truncated = tg.completion_mask(tail, tg.eos_ids(tok, model))
     assert tail.tolist() == [[ENDOFTEXT, ENDOFTEXT, IM_END]] * 2 and not truncated.any()
     assert mask.sum(1).tolist() == [3, 3]                                  # the pad ids before it are kept tokens
+
+
+def test_the_model_picks_its_preset(monkeypatch):
+    path = "/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    assert tg.preset_for(path, cuda=False) == tg.preset_for(path, cuda=True) == "qwen2.5-coder-0.5b"
+    cfg = tg.resolve(tg.Config(model=path), cuda=False)
+    own = tg.PRESETS["qwen2.5-coder-0.5b"]
+    assert (cfg.task, cfg.group_size, cfg.learning_rate, cfg.worked_examples, cfg.micro_batch_size) == \
+        (own["task"], own["group_size"], own["learning_rate"], own["worked_examples"], own["micro_batch_size"])
+    assert tg.resolve(tg.Config(model=path, learning_rate=3e-6), cuda=False).learning_rate == 3e-6   # a flag wins
+    assert tg.resolve(tg.Config(), cuda=False).preset == "smollm2-135m"                               # the default
+    assert "qwen2.5-coder-0.5b" in tg.CPU_AMP and "smollm2-135m" not in tg.CPU_AMP   # the default stays fp32
