@@ -15,10 +15,13 @@ sys.path.insert(0, {root!r})
 import transparent_grpo as tg
 rank, scored = int(os.environ.get("RANK", 0)), []
 
-def reward(text):  # rank {nan_rank} returns NaN: the NaN guard must decide on every process at once
+def reward(text):  # rank {nan_reward} returns NaN: a reward_fn's NaN stops the run at once, on every process
     scored.append(text)
-    return float("nan") if rank == {nan_rank} else text.count("a") / 8 + 0.01 * len(text)
+    return float("nan") if rank == {nan_reward} else text.count("a") / 8 + 0.01 * len(text)
 
+if rank == {nan_rank}:  # rank {nan_rank}'s loss is NaN: the NaN guard must decide on every process at once
+    real_loss = tg.policy_loss
+    tg.policy_loss = lambda *a, **k: (lambda out: (out[0] * float("nan"), out[1]))(real_loss(*a, **k))
 cfg = tg.parse_config(sys.argv[1:])
 try:
     tg.train(cfg, reward_fn=reward, messages=[{{"role": "user", "content": "say a"}}])
@@ -38,9 +41,10 @@ tg.ppo_advantages = spy""")
 VOLATILE = ("time/", "perf/")
 
 
-def launch(tmp_path, *args, deepspeed=False, nan_rank=-1, steps=3, run="r", timeout=240, worker_text=WORKER):
+def launch(tmp_path, *args, deepspeed=False, nan_rank=-1, nan_reward=-1, steps=3, run="r", timeout=240,
+           worker_text=WORKER):
     worker = tmp_path / "worker.py"
-    worker.write_text(worker_text.format(root=ROOT, nan_rank=nan_rank))
+    worker.write_text(worker_text.format(root=ROOT, nan_rank=nan_rank, nan_reward=nan_reward))
     how = ["--use_deepspeed", "--zero_stage", "2"] if deepspeed else ["--multi_gpu"]
     cmd = [os.path.join(BIN, "accelerate"), "launch", *how, "--num_processes", "2", str(worker), "--model",
            args[0], "--num_steps", str(steps), "--max_new_tokens", "8", "--group_size", "4", "--prompts_per_step", "2",
@@ -84,6 +88,14 @@ def test_nan_on_one_process_skips_on_both_and_stops_together(tmp_path, tiny_mode
     assert p.returncode != 0
     assert "stopping: 2 non-finite losses or gradients in a row at step 1" in p.stdout
     assert [r["optim/skipped_updates"] for r in rows(tmp_path)] == [1.0]
+
+
+def test_nan_reward_on_one_process_stops_both_with_one_line(tmp_path, tiny_model):
+    """A reward_fn's NaN on one process ends the run there with one line; the other must not wait for it forever."""
+    p = launch(tmp_path, tiny_model, nan_reward=1, steps=3, timeout=180)
+    assert p.returncode != 0
+    assert "step 0: reward_fn returned nan for" in p.stdout + p.stderr
+    assert not os.path.exists(tmp_path / "logs" / "r.jsonl") or rows(tmp_path) == []
 
 
 def test_two_processes_ppo_whitens_over_the_tokens_of_both(tmp_path, tiny_model):
