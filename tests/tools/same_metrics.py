@@ -1,5 +1,6 @@
 """Do two runs give the same metrics? Every key of their first N steps but time/*, perf/* and instances, compared
-exactly (the credits' names before the family, x=2, f(2), ..., read as x=k, f(k), ...). Exit 0 if all are equal.
+exactly (the credits' names before the family, x=2, f(2), ..., read as x=k, f(k), ...). Exit 0 if all are equal. A key
+only the second run logs (a metric added since) is listed as new, not as a difference; one it lost is a difference.
 
     python tests/tools/same_metrics.py logs/before.jsonl logs/after.jsonl --steps 3
 """
@@ -23,9 +24,11 @@ def main(argv=None):
     a, b = rows(args.before, args.steps), rows(args.after, args.steps)
     same = len(a) == len(b) == args.steps
     for x, y in zip(a, b):
-        diff = {k: (x.get(k), y.get(k)) for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)}
+        diff = {k: (x.get(k), y.get(k)) for k in sorted(x) if x.get(k) != y.get(k)}
+        new = sorted(set(y) - set(x))
         same &= not diff
-        print(f"step {x.get('step')}: {len(x)} metrics, {'all equal' if not diff else f'differ: {diff}'}")
+        print(f"step {x.get('step')}: {len(x)} metrics, {'all equal' if not diff else f'differ: {diff}'}"
+              + (f"; new in the second: {', '.join(new)}" if new else ""))
     print("same metrics" if same else "NOT the same metrics")
     return 0 if same else 1
 
