@@ -18,8 +18,8 @@ def main(paths):
         evals = [json.loads(line) for line in open(path) if line.strip()]
         log = path.replace(".eval.jsonl", ".jsonl")
         log = log if os.path.exists(log) else log + ".gz"                    # committed logs are gzipped
-        f = gzip.open(log, "rt") if log.endswith(".gz") else open(log)
-        steps = [json.loads(line) for line in f if line.strip()]
+        with gzip.open(log, "rt") if log.endswith(".gz") else open(log) as f:
+            steps = [json.loads(line) for line in f if line.strip()]
         if len(evals) < 2:
             continue
         a, b, n = evals[0], evals[-1], evals[0]["eval/n"]
