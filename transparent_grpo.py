@@ -652,7 +652,7 @@ class Config(Recipe):  # every flag of the script: the Recipe's (§1), then the 
                       "(fp32 under bf16 autocast) | bf16 weights")
     time_limit: float = flag(0.0, "stop early once the steps took this many minutes in all (0: no limit)")
     gradient_checkpointing: bool = flag(False, "trade compute for activation memory")
-    sampler: str = flag("auto", "auto (GPU: compiled, CPU: fast) | plain (§4's loop) | fast | hf | compiled (§10)")
+    sampler: str = flag("auto", "auto (GPU: compiled, CPU: fast) | plain (§4's loop) | fast | compiled (§10)")
     seed: int = flag(0, "seeds python, numpy, torch and sampling")
     run_name: Optional[str] = flag(None, "logs/<run_name>.{jsonl,log} (default objective-kl-model-seed)")
     output_dir: str = flag("out", "checkpoints and the final model go to <output_dir>/<run_name>/")
@@ -1289,70 +1289,19 @@ def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128, entrop
 
 @torch.inference_mode()
 def fast_sample(model, prompt_ids, n, cfg, eos, pad_id):
-    """--sampler fast (auto on CPU): sample()'s contract, faster. The prompt runs once and its KV cache is copied into n
-    rows with room for every new token (InPlaceKV); a decode step runs only the unfinished rows, and its attention
-    reads the prompt's keys and values once for all of them (prefix_attention)."""
-    model = sampling_twin(model, prompt_ids.device.type)                               # autocast: its bf16 copy
-    out = model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)                # [1, 1, V]
-    if any(type(layer) is not DynamicLayer for layer in getattr(kv_cache(out), "layers", [0])):
-        return generate(model, prompt_ids, n, cfg, eos, pad_id, "hf")                   # e.g. sliding windows
-    cache, logits = kv_cache(out), out.logits[:, -1].expand(n, -1)                      # [n, V]
-    cache.layers = [InPlaceKV(layer, n, cfg.max_new_tokens) for layer in cache.layers]
-    tokens = prompt_ids.new_full((n, cfg.max_new_tokens), pad_id)                      # [n, T] pad after EOS
-    live, eos = torch.arange(n, device=prompt_ids.device), torch.tensor(eos, device=prompt_ids.device)
-    with prefix_attention_on(model, prompt_ids.shape[1]) as prefix:                    # the prompt's K, V read once
-        for t in range(cfg.max_new_tokens):
-            y = torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1)  # [live, 1]  y ~ pi_old
-            tokens[live, t] = y[:, 0]
-            going = ~torch.isin(y[:, 0], eos)                                           # [live] no EOS yet
-            if not going.all():
-                live, y = live[going], y[going]
-                cache.batch_select_indices(going)
-            if len(live) == 0 or t + 1 == cfg.max_new_tokens:
-                break
-            out = model(input_ids=y, **cache_arg(model, cache), use_cache=True, logits_to_keep=1, **prefix)
-            logits = out.logits[:, -1]                                                  # [live, V]
-    return torch.cat([prompt_ids.expand(n, -1), tokens[:, :t + 1]], 1)                 # [n, P+T']
-
-def prefix_attention(module, q, k, v, mask, dropout=0.0, scaling=None, shared_prefix=0, **kw):
-    """fast_sample's decode attention: one new token in n rows whose first P keys and values are one prompt's (InPlaceKV
-    copies it into every row). softmax(q k^T s) v over [prompt | own tokens] with the prompt's K, V read from row 0
-    only, as one matmul for every row: SDPA reads all n copies. The same sums, in another order (else: SDPA)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    (n, H, T, D), Hk, P = q.shape, k.shape[1], shared_prefix
-    if not 0 < P < k.shape[2] or T != 1 or mask is not None or dropout or H % Hk:
-        return sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling, **kw)
-    q = q.reshape(n, Hk, H // Hk, D)                                                   # [n, Hk, g, D] g per KV head
-    shared = lambda x: x.transpose(0, 1).flatten(1, 2)                                  # [n, Hk, g, *] -> [Hk, n*g, *]
-    back = lambda x: x.unflatten(1, (n, -1)).transpose(0, 1)                            # and back
-    s = torch.cat([back(shared(q) @ k[0, :, :P].mT), q @ k[:, :, P:].mT], -1)           # [n, Hk, g, P+t] q.k
-    s = s.to(torch.promote_types(s.dtype, torch.float32)) * (D ** -0.5 if scaling is None else scaling)
-    p = torch.softmax(s, -1).to(v.dtype)                                               # [n, Hk, g, P+t]
-    o = back(shared(p[..., :P]) @ v[0, :, :P]) + p[..., P:] @ v[:, :, P:]               # [n, Hk, g, D]
-    return o.reshape(n, 1, H, D), None                                                  # [n, 1, H, D] as SDPA's
-
-@contextlib.contextmanager
-def prefix_attention_on(model, P):
-    """While sampling, an SDPA model's attention runs as prefix_attention; yields the keyword its forward then takes
-    ({} for any other attention, which stays as it is)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    config = unwrap(model).config
-    was = config._attn_implementation
-    if was == "sdpa":
-        AttentionInterface.register("prefix_sdpa", prefix_attention)
-        AttentionMaskInterface.register("prefix_sdpa", sdpa_mask)
-        config._attn_implementation = "prefix_sdpa"
-    try:
-        yield {"shared_prefix": P} if was == "sdpa" else {}
-    finally:
-        config._attn_implementation = was
+    """--sampler fast (auto on CPU): sample()'s contract through generate_many, the one fast decode loop (one prompt,
+    n rows in one pass): the prompt runs once, its KV cache is copied into n rows with room for every new token
+    (InPlaceKV), and a decode step runs only the unfinished rows."""
+    twin = sampling_twin(model, prompt_ids.device.type)                                # autocast: its bf16 copy
+    tokens = generate_many(twin, [prompt_ids[0]], n, cfg, eos, pad_id, rows=n)         # [n, T']
+    return torch.cat([prompt_ids.expand(n, -1), tokens], 1)                            # [n, P+T']
 
 @torch.inference_mode()
 def generate_many(model, prompts, k, cfg, eos, pad_id, greedy=False, rows=32):
     """k completions of each of many prompts ([P_i] each), `rows` at a time, greedy (argmax) or y ~ softmax(z / tau):
     the evaluation's sampler. The prompts' common prefix runs once; each row then runs its own rest, left-padded (the
-    pads masked, positions counted past them), and decodes; finished rows leave. Returns [n*k, T] (pad after EOS)."""
+    pads masked, positions counted past them), and decodes; finished rows leave. Returns [n*k, T'] (pad after EOS), T'
+    the longest completion's length (max_new_tokens if one has no EOS)."""
     L, first = min(len(p) for p in prompts) - 1, prompts[0]                            # every row keeps >= 1 token
     for p in prompts[1:]:
         differ = (p[:L] != first[:L]).nonzero()
@@ -1386,8 +1335,9 @@ def generate_many(model, prompts, k, cfg, eos, pad_id, greedy=False, rows=32):
             logits = model(input_ids=y, attention_mask=attn, position_ids=pos, **cache_arg(model, cache),
                            use_cache=True, logits_to_keep=1).logits[:, -1]              # [live, V]
             pos = pos + 1
-        out.append(tokens)
-    return torch.cat(out)                                                               # [n*k, T]
+        out.append(tokens[:, :t + 1])                                                   # [r, T'] to its longest row
+    T = max(x.shape[1] for x in out)
+    return torch.cat([F.pad(x, (0, T - x.shape[1]), value=pad_id) for x in out])      # [n*k, T']
 
 def rows_cache(prefix, n, room):  # n rows of a one-row prefix cache with room for `room` more tokens (InPlaceKV)
     if any(type(layer) is not DynamicLayer for layer in getattr(prefix, "layers", [0])):
@@ -1446,35 +1396,28 @@ class InPlaceKV(DynamicLayer):
         self.keys, self.values = (buf[:, :, :self.len] for buf in self.buf)            # views, no copy
         return self.keys, self.values
 
-SAMPLERS = {  # --sampler: each draws what sample() draws (test_sampler), faster
-    "fast": fast_sample,                                                               # CPU's default
-    "hf": lambda *a: generate(*a, kind="hf"),                                          # model.generate
-    "compiled": lambda *a: generate(*a, kind="compiled"),                              # GPU's default: CUDA graphs
-}
-
 def sampler_kind(sampler, device):
     """--sampler auto: compiled on a GPU (with fp32 weights under autocast it samples from a bf16 copy, 2 bytes per
     parameter: the 3B preset still fits 80 GB, README: GPUs); fast on CPU, where compiling does not pay."""
     return sampler if sampler != "auto" else "compiled" if device == "cuda" else "fast"
 
-def generate(model, prompt_ids, n, cfg, eos, pad_id, kind="hf"):
-    """--sampler hf: the same contract through HF generate (n samples of one prompt in one call). --sampler compiled:
-    a static KV cache and a torch.compile-d decode step (CUDA graphs on GPU; compiled once per prompt length, and it
-    reads the weights in place, so it sees every update)."""
+def compiled_sample(model, prompt_ids, n, cfg, eos, pad_id):
+    """--sampler compiled: sample()'s contract through HF generate with a static KV cache and a torch.compile-d decode
+    step (CUDA graphs on GPU; compiled once per prompt length, and it reads the weights in place: it sees every
+    update)."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import CompileConfig
-    static = {}
-    if kind == "compiled":
-        compiled = CompileConfig(mode="reduce-overhead" if prompt_ids.is_cuda else "default", dynamic=False)
-        compiled._compile_all_devices = True                                            # on CPU too, if asked
-        model, static = sampling_twin(model, prompt_ids.device.type), dict(cache_implementation="static",
-                                                                           compile_config=compiled)
+    compiled = CompileConfig(mode="reduce-overhead" if prompt_ids.is_cuda else "default", dynamic=False)
+    compiled._compile_all_devices = True                                                # on CPU too, if asked
     gen = GenerationConfig(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0, min_p=None, pad_token_id=
                            pad_id, repetition_penalty=1.0, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos,
-                           **static)
+                           cache_implementation="static", compile_config=compiled)
     ids = prompt_ids.expand(n, -1)                                                      # [N, P]
     with torch.inference_mode():
-        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)  # [N, P+T]
+        return sampling_twin(model, prompt_ids.device.type).generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)  # [N, P+T]
+
+SAMPLERS = {"fast": fast_sample, "compiled": compiled_sample}  # --sampler: each draws what sample() draws (test_sampler)
 
 CPU_AMP = ["qwen2.5-coder-0.5b"]  # --dtype auto on a CPU with bf16 instructions: amp for these presets (README)
 

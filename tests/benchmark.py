@@ -4,11 +4,12 @@
     python tests/benchmark.py           # CPU: bundled SmolLM2-135M, 1 prompt x 8 samples, 128 tokens, 6 steps
     python tests/benchmark.py --model Qwen/Qwen2.5-0.5B-Instruct --group_size 16 --max_new_tokens 512   # a GPU
     python tests/benchmark.py --random_qwen_3b --group_size 16 --max_new_tokens 512                     # no download
+    python tests/benchmark.py --model qwen.gguf --max_new_tokens 192 --systems ours,trl   # a GGUF: dequantised once
 
 Same model folder, prompt, G, completion length, beta, learning rate, mu = 1, max_grad_norm = 1, fp32 on CPU, and
 the same reward function. Each system runs in its own process. It reports the median step time of steps 2..N (steps
 0 and 1 are warm-up) and its peak memory: peak RSS on CPU (getrusage), peak allocated memory on GPU.
-`--systems ours,ours_hf,trl` also runs this script with `--sampler hf` (HF generate) to compare the two samplers
+`--systems ours,ours_plain,trl` also runs this script with `--sampler plain` (§4's loop) to compare the two samplers
 (`ours_compiled`: `--sampler compiled`, static cache + torch.compile, CUDA graphs on GPU), and
 every run prints the physical floor of sampling: reading the weights once per decode step at the memory bandwidth
 measured on this machine. Not collected by pytest (the file name does not start with test_).
@@ -75,11 +76,13 @@ def local_model(args):
             torch.cuda.empty_cache()                                   # leave the GPU to the systems measured
             tok.save_pretrained(folder)
         return folder
-    if args.model != "bundled":
+    gguf = args.model == "bundled" or args.model.endswith(".gguf")
+    if not gguf:
         return args.model
-    folder = os.path.join(tempfile.gettempdir(), "tg-bench-smollm2-135m")
+    name = "smollm2-135m" if args.model == "bundled" else os.path.basename(args.model)[:-5]
+    folder = os.path.join(tempfile.gettempdir(), f"tg-bench-{name}")                    # TRL reads a plain folder
     if not os.path.exists(os.path.join(folder, "config.json")):
-        tok, model = tg.load_model("bundled:", torch.float32)
+        tok, model = tg.load_model("bundled:" if args.model == "bundled" else args.model, torch.float32)
         model.save_pretrained(folder)
         tok.save_pretrained(folder)
     return folder
@@ -88,7 +91,7 @@ def local_model(args):
 def run_ours(args, model, work, sampler="fast"):
     cmd = [sys.executable, os.path.join(ROOT, "transparent_grpo.py"), "--model", model, "--sampler", sampler,
            "--worked_examples", "0", "--truncation_penalty", "0", "--consistency_bonus", "0", "--advantage", "zscore",
-           "--entropy_target", "0", "--group_size",
+           "--entropy_target", "0", "--task", "problem", "--eval_size", "0", "--dtype", args.dtype, "--group_size",
            str(args.group_size), "--prompts_per_step", "1", "--max_new_tokens", str(args.max_new_tokens), "--beta",
            str(args.beta), "--learning_rate", str(args.lr), "--inner_epochs", "1", "--temperature", "1.0",
            "--num_steps", str(args.steps), "--seed", str(args.seed), "--max_grad_norm", "1.0",
@@ -132,7 +135,7 @@ def run_trl(args, model, work):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="bundled", help="'bundled' (SmolLM2-135M), a local folder or a hub id")
+    ap.add_argument("--model", default="bundled", help="'bundled' (SmolLM2-135M), a .gguf, a local folder or a hub id")
     ap.add_argument("--random_qwen_3b", action="store_true", help="a random-weight Qwen2.5-3B-shaped model")
     ap.add_argument("--tokenizer", default="bundled", help="--random_qwen_3b: the bundled one or a tokenizer folder")
     ap.add_argument("--layers", type=int, default=36, help="--random_qwen_3b: 36 = Qwen2.5-3B; fewer: a dry run")
@@ -142,14 +145,15 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--systems", default="ours,ours_hf,trl")
+    ap.add_argument("--dtype", default="fp32", help="ours: fp32 (as TRL on CPU) or amp (bf16 autocast; a bf16 CPU)")
+    ap.add_argument("--systems", default="ours,ours_plain,trl")
     ap.add_argument("--gradient_checkpointing", action="store_true", help="in both systems (G=16 x 512 on one GPU)")
     args = ap.parse_args()
     model = local_model(args)
     results = {}
     with tempfile.TemporaryDirectory() as work:
         for name in args.systems.split(","):
-            run = {"ours": run_ours, "ours_hf": lambda *a: run_ours(*a, sampler="hf"), "trl": run_trl,
+            run = {"ours": run_ours, "ours_plain": lambda *a: run_ours(*a, sampler="plain"), "trl": run_trl,
                    "ours_compiled": lambda *a: run_ours(*a, sampler="compiled")}[name]
             try:
                 results[name] = run(args, model, work)
@@ -165,14 +169,11 @@ def main():
             o, t = results[name], results["trl"]
             print(f"ratio {name}/TRL: step time {o['median_step_s'] / t['median_step_s']:.2f}x, "
                   f"peak memory {o['peak_gb'] / t['peak_gb']:.2f}x")
-    if {"ours_compiled", "ours_hf"} <= results.keys():
-        f, h = results["ours_compiled"], results["ours_hf"]
-        print(f"generate: --sampler compiled {f['generate_s']:.1f} s, --sampler hf {h['generate_s']:.1f} s "
-              f"({h['generate_s'] / f['generate_s']:.2f}x faster)")
-    if {"ours", "ours_hf"} <= results.keys():
-        f, h = results["ours"], results["ours_hf"]
-        print(f"generate: --sampler fast {f['generate_s']:.1f} s, --sampler hf {h['generate_s']:.1f} s "
-              f"({h['generate_s'] / f['generate_s']:.2f}x faster)")
+    for name in ("ours", "ours_compiled"):
+        if {name, "ours_plain"} <= results.keys():
+            f, h = results[name], results["ours_plain"]
+            print(f"generate: {name} {f['generate_s']:.1f} s, --sampler plain {h['generate_s']:.1f} s "
+                  f"({h['generate_s'] / f['generate_s']:.2f}x faster)")
     if "ours" in results:
         read_s, gbps, params = floor(model)
         steps = results["ours"]["tokens"]

@@ -3,6 +3,7 @@ piece switched off at a time (each variant in its own process, the same seed), s
 
     python tests/tools/pieces.py                 # 4 steps a variant; the median of steps 1..3
     python tests/tools/pieces.py --steps 6 --only all,no_shared_prompt
+    python tests/tools/pieces.py --flags "--model qwen.gguf --max_new_tokens 128"   # another recipe's pieces
 
 A piece is switched off by replacing it with what §4/§5 do without it, so the numbers of a run stay the same up to
 rounding; the table gives the median step, its generate and log-prob + update parts, and the peak RSS.
@@ -12,17 +13,17 @@ import argparse, json, os, statistics, subprocess, sys, tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VARIANTS = {  # name: (what it switches off, code run before train(), extra flags)
     "all": ("nothing", "", []),
-    "plain_sampler": ("fast_sample: §4's plain loop instead", "", ["--sampler", "plain"]),
+    "plain_sampler": ("fast_sample (generate_many): §4's plain loop instead", "", ["--sampler", "plain"]),
+    "no_in_place_kv": ("InPlaceKV: the prompt's cache repeated into the rows, grown by torch.cat each token",
+                       "tg.rows_cache = lambda prefix, n, room: tg.repeat_cache(prefix, n)", []),
     "no_shared_prompt": ("shared_prompt_hidden: one forward over prompt + completion per row",
                          "tg.shared_prompt_hidden = lambda *a, **k: None", []),
     "no_lean_mlp": ("lean_mlps: the stock MLP's saved activations", "tg.lean_mlps = lambda model: None", []),
-    "no_prefix_attention": ("prefix_attention: SDPA reads the prompt's K, V in every row while sampling",
-                            "tg.prefix_attention_on = lambda model, P: contextlib.nullcontext({})", []),
     "amp": ("fp32 matmuls: --dtype amp instead (bf16 autocast; the bf16 twin samples), a change of numbers", "",
             ["--dtype", "amp"]),
 }
 RUN = """
-import contextlib, sys
+import sys
 sys.argv = ["transparent_grpo.py", *{flags!r}]
 sys.path.insert(0, {root!r})
 import transparent_grpo as tg
@@ -36,13 +37,14 @@ def main():
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default=",".join(VARIANTS))
+    ap.add_argument("--flags", default="", help="more flags for every variant (e.g. another --model)")
     ap.add_argument("--log", default=None, help="also write the table to this file")
     args = ap.parse_args()
     rows, tmp = [], tempfile.mkdtemp()
     for name in args.only.split(","):
         what, patch, extra = VARIANTS[name]
         flags = ["--num_steps", str(args.steps), "--seed", str(args.seed), "--run_name", name, "--log_dir", tmp,
-                 "--output_dir", tmp, *extra]
+                 "--output_dir", tmp, "--eval_size", "0", *args.flags.split(), *extra]
         p = subprocess.run([sys.executable, "-c", RUN.format(flags=flags, root=ROOT, patch=patch)], cwd=ROOT,
                            capture_output=True, text=True)
         if p.returncode:
