@@ -1409,15 +1409,15 @@ def compiled_sample(model, prompt_ids, n, cfg, eos, pad_id):
     from transformers.generation.configuration_utils import CompileConfig
     compiled = CompileConfig(mode="reduce-overhead" if prompt_ids.is_cuda else "default", dynamic=False)
     compiled._compile_all_devices = True                                                # on CPU too, if asked
-    gen = GenerationConfig(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0, min_p=None, pad_token_id=
-                           pad_id, repetition_penalty=1.0, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos,
-                           cache_implementation="static", compile_config=compiled)
+    gen = GenerationConfig(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0, min_p=None,
+                           pad_token_id=pad_id, repetition_penalty=1.0, max_new_tokens=cfg.max_new_tokens,
+                           eos_token_id=eos, cache_implementation="static", compile_config=compiled)
     ids = prompt_ids.expand(n, -1)                                                      # [N, P]
     with torch.inference_mode():
         return sampling_twin(model, prompt_ids.device.type).generate(
             input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)  # [N, P+T]
 
-SAMPLERS = {"fast": fast_sample, "compiled": compiled_sample}  # --sampler: each draws what sample() draws (test_sampler)
+SAMPLERS = {"fast": fast_sample, "compiled": compiled_sample}  # --sampler; each draws what sample() draws
 
 CPU_AMP = ["qwen2.5-coder-0.5b"]  # --dtype auto on a CPU with bf16 instructions: amp for these presets (README)
 
