@@ -850,11 +850,13 @@ def load_model(name: str, dtype: torch.dtype, trust=False):
     from transformers import AutoModelForCausalLM, PretrainedConfig
     path = bundled_gguf() if name.startswith("bundled:") else os.path.expanduser(name)
     folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
-    tok = tokenizer_of(name, trust)
-    meta = model_config(path, trust) if file else None  # a GGUF's config, read already by validate (a read: ~10 s)
-    given = {"config": copy.deepcopy(meta)} if isinstance(meta, PretrainedConfig) else {}
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32 if file else dtype,
-                                                 trust_remote_code=trust, **given)
+    with gguf_read_once(file):                          # the file parsed once (GGUF_READS), then let go
+        tok = tokenizer_of(name, trust)
+        meta = model_config(path, trust) if file else None
+        given = {"config": copy.deepcopy(meta)} if isinstance(meta, PretrainedConfig) else {}
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32 if file else dtype,
+                                                     trust_remote_code=trust, **given)
+    GGUF_READS.clear()
     if file:
         model.config.__dict__.pop("quantization_config", None)
         plain = AutoModelForCausalLM.from_config(model.config, dtype=dtype, trust_remote_code=trust)
@@ -912,8 +914,6 @@ def setup(cfg):
     if cfg.gradient_checkpointing:  # renamed activation_checkpointing_enable in transformers 5.23
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     ref = copy.deepcopy(model).eval().requires_grad_(False) if needs_reference(cfg) else None
-    if not cuda and precision == "no":                                   # CPU without autocast: leaner MLP activations
-        lean_mlps(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0, foreach=False, fused=cuda)
     if acc.distributed_type == DistributedType.DEEPSPEED:  # no dataloader to infer these from; 0 = no clipping
         ds = acc.state.deepspeed_plugin.deepspeed_config
@@ -1153,9 +1153,27 @@ def model_config(path, trust):  # the config alone (a GGUF's metadata, no tensor
     from transformers import AutoConfig
     try:
         folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
-        return AutoConfig.from_pretrained(folder, gguf_file=file, trust_remote_code=trust)
+        with gguf_read_once(file):
+            return AutoConfig.from_pretrained(folder, gguf_file=file, trust_remote_code=trust)
     except Exception as err:
         return err
+
+GGUF_READS = {}  # path -> its gguf.GGUFReader: validate, the tokenizer, the config and the weights each parse the whole
+# file (~6 s for SmolLM2, ~20 s for the 0.5B); kept from validate to the end of load_model, then let go (a memory map)
+
+@contextlib.contextmanager
+def gguf_read_once(file):
+    if not file:
+        yield
+        return
+    import gguf
+    read = gguf.GGUFReader
+    gguf.GGUFReader = lambda path, *a, **k: GGUF_READS[path] if path in GGUF_READS else GGUF_READS.setdefault(
+        path, read(path, *a, **k))
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = read
 
 def _works(fn):
     try:
@@ -1449,41 +1467,6 @@ def sampling_twin(model, device):
         t.copy_(weights[name])                                          # theta_twin = bf16(theta), in place
     twin.generation_config = model.generation_config
     return twin
-
-class LeanMLPTail(torch.autograd.Function):
-    """down(act(g) * u), keeping g and u for backward but not act(g) and the product: two [tokens, I] tensors a layer
-    less (README: Where each piece lives). Backward recomputes both with the same ops: the same gradient bits."""
-    @staticmethod
-    def forward(ctx, g, u, w, act):
-        ctx.save_for_backward(g, u, w)
-        ctx.act = act
-        return F.linear(act(g) * u, w)                                                  # [.., H]
-
-    @staticmethod
-    def backward(ctx, dy):
-        g, u, w = ctx.saved_tensors
-        with torch.enable_grad():
-            g_ = g.detach().requires_grad_()
-            a = ctx.act(g_)                                                             # [.., I] act(g) again
-        p = a.detach() * u                                                              # [.., I] the product again
-        dy2, p2 = dy.reshape(-1, dy.shape[-1]), p.reshape(-1, p.shape[-1])            # [tokens, H], [tokens, I]
-        dp = dy2.mm(w).view_as(p)                                                       # dL/dp = dy W
-        dg, = torch.autograd.grad(a, g_, dp * u)                                        # dL/dg = act'(g) * dp * u
-        return dg, dp * a.detach(), p2.t().mm(dy2).t(), None                            # dL/du, dL/dW = dy^T p
-
-def lean_mlp(m, x):  # a gated MLP's forward; with a graph to build, its tail runs as LeanMLPTail
-    g, u = m.gate_proj(x), m.up_proj(x)                                                 # [B, T, I] each
-    if not torch.is_grad_enabled() or m.down_proj.bias is not None:
-        return m.down_proj(m.act_fn(g) * u)                                             # [B, T, H]
-    return LeanMLPTail.apply(g, u, m.down_proj.weight, m.act_fn)                        # [B, T, H]
-
-def lean_mlps(model):  # each MLP whose forward is down(act(gate(x)) * up(x)) (checked on a random x) runs as lean_mlp
-    for m in model.modules():
-        if all(hasattr(m, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            w, rng = m.gate_proj.weight, torch.Generator().manual_seed(0)              # rng: the run's seed stays
-            x = torch.randn(2, w.shape[1], dtype=w.dtype, generator=rng)                # [2, H]
-            if torch.equal(lean_mlp(m, x), m(x)):
-                m.forward = functools.partial(lean_mlp, m)
 
 # ============================================================================ 11. Logging, checkpoints, entry point
 class RunLog:

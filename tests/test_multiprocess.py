@@ -77,7 +77,7 @@ def test_two_processes_ddp_one_log_whole_groups_and_exact_resume(tmp_path, tiny_
 def test_two_processes_deepspeed_zero2(tmp_path, tiny_model):
     p = launch(tmp_path, tiny_model, deepspeed=True, steps=2)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    assert "processes: 2 | DEEPSPEED" in p.stdout
+    assert "processes: 2 | DEEPSPEED" in p.stdout and "weights: torch.float32 |" in p.stdout
     r = rows(tmp_path)
     assert [x["step"] for x in r] == [0, 1] and r[0]["kl/k1"] == 0.0
 

@@ -21,9 +21,13 @@ def qwen(tmp_path_factory):
     with gzip.open(DATA, "rb") as src, open(path, "wb") as dst:
         shutil.copyfileobj(src, dst)
     from transformers import GenerationConfig
-    config = tg.model_config(path, False)
-    model = SimpleNamespace(generation_config=GenerationConfig.from_model_config(config), config=config)
-    return tg.tokenizer_of(path), model, path
+    with tg.gguf_read_once(path):   # the config and the tokenizer read one parse of the file (~20 s), as load_model
+        config = tg.model_config(path, False)
+        model = SimpleNamespace(generation_config=GenerationConfig.from_model_config(config), config=config)
+        tok = tg.tokenizer_of(path)
+    assert list(tg.GGUF_READS) == [path]
+    tg.GGUF_READS.clear()
+    return tok, model, path
 
 
 def test_the_ids_are_qwens(qwen):

@@ -62,48 +62,29 @@ MUTANTS = {  # name: (exact text in transparent_grpo.py, its replacement), or a 
     "value_takes_the_last_statement": ("text[s:]) for s in starts]", "text[s:]) for s in starts[-1:]]"),  # hedges pay
     "box_takes_the_last_box": ('for box in re.findall(r"\\\\boxed\\{([^{}]*)\\}", text)]',
                                'for box in re.findall(r"\\\\boxed\\{([^{}]*)\\}", text)[-1:]]'),
-    "sampler_ignores_temperature": ("torch.softmax(logits.float() / cfg.temperature, -1), 1)  # [live, 1]  y",
-                                    "torch.softmax(logits.float(), -1), 1)  # [live, 1]  y"),
+    "sampler_ignores_temperature": ("torch.multinomial(torch.softmax(logits.float() / cfg.temperature, -1), 1))",
+                                    "torch.multinomial(torch.softmax(logits.float(), -1), 1))"),
     "sampler_plain_ignores_temperature": ("torch.softmax(out.logits[:, -1].float() / cfg.temperature, -1)",
                                           "torch.softmax(out.logits[:, -1].float(), -1)"),
     "sampler_plain_no_pad_after_eos": ("torch.where(done[:, None], pad_id, y)", "y"),
     "sampler_cache_old_keyword": ('return {"cache" if "cache" in params else "past_key_values": cache}',
                                   'return {"past_key_values": cache}'),
-    "sampler_sharper_after_first": ("        logits = out.logits[:, -1]",
-                                    "        logits = 50 * out.logits[:, -1]"),
-    "sampler_keeps_sampling_after_eos": ("if not going.all():\n                live, y = live[going], y[going]",
-                                         "if False:\n                live, y = live[going], y[going]"),
+    "sampler_sharper_after_first": ("use_cache=True, logits_to_keep=1).logits[:, -1]              # [live, V]",
+                                    "use_cache=True, logits_to_keep=1).logits[:, -1] * 50"),
+    "sampler_keeps_sampling_after_eos": ("if not going.all():                                                         #",
+                                         "if False:                                                         #"),
     "sampler_cache_not_advanced": ("self.len += k.shape[2]", "self.len += 0"),
     "sampler_twin_not_refreshed": ("t.copy_(weights[name])", "t.copy_(weights[name]) if False else None"),
-    "sampler_prefix_drops_own_tokens": ("o = back(shared(p[..., :P]) @ v[0, :, :P]) + p[..., P:] @ v[:, :, P:]",
-                                        "o = back(shared(p[..., :P]) @ v[0, :, :P])"),
-    "sampler_prefix_softmax_per_part": ("p = torch.softmax(s, -1).to(v.dtype)",
-                                        "p = torch.cat([torch.softmax(s[..., :P], -1), torch.softmax(s[..., P:], -1)], "
-                                        "-1).to(v.dtype)"),
-    "sampler_prefix_unscaled": ("* (D ** -0.5 if scaling is None else scaling)", ""),
     # the reference's log-prob path (checked by its own test in tests/test_e2e.py)
     "reference_path_by_training_mode": ('checkpointing = any(getattr(m, "gradient_checkpointing", False)',
                                         'checkpointing = model.training and any(getattr(m, "gradient_checkpointing", '
                                         'False)'),
-    # the lean MLP tail (checked by the lean tests in tests/test_memory.py)
-    "lean_up_grad_swapped": ("return dg, dp * a.detach(), p2.t().mm(dy2).t(), None",
-                             "return dg, dp * u, p2.t().mm(dy2).t(), None"),
-    "lean_keeps_act": ("ctx.save_for_backward(g, u, w)\n        ctx.act = act\n        return F.linear(act(g) * u, w)",
-                       "a = act(g)\n        ctx.save_for_backward(g, u, w, a)\n        ctx.act = act\n"
-                       "        return F.linear(a * u, w)"),
-    "lean_on_the_reference_too": ("        lean_mlps(model)\n", "        [lean_mlps(x) for x in (model, ref) if x]\n"),
-    "lean_any_look_alike": ("if torch.equal(lean_mlp(m, x), m(x)):", "if True:"),
-    "lean_check_draws_from_the_seed": ("x = torch.randn(2, w.shape[1], dtype=w.dtype, generator=rng)",
-                                       "x = torch.randn(2, w.shape[1], dtype=w.dtype)"),
     # the consistency shaping (checked by its table in tests/test_reward.py)
     "consistent_no_charge": (" - int(box == p.answer and not (a == p.a and b == p.b))", ""),
     "consistent_charge_needs_a_only": ("and not (a == p.a and b == p.b))", "and not a == p.a)"),
     "consistent_any_box": ("and box == a + b)", ")"),
 }
 SAMPLER = ["tests/test_sampler.py"]
-LEAN = ["tests/test_memory.py::test_lean_mlp_keeps_every_number_and_two_tensors_a_layer_less",
-        "tests/test_memory.py::test_setup_leans_the_policy_mlps_on_cpu_in_fp32_only",
-        "tests/test_memory.py::test_lean_mlps_leaves_look_alikes_and_the_seed_alone"]
 REFERENCE = ["tests/test_e2e.py::test_with_gradient_checkpointing_the_reference_computes_what_the_policy_computes"]
 
 
@@ -116,8 +97,7 @@ def run(name, edits):
                 return f"{name}: the text to edit is found {src.count(old)} times (update this script)"
             src = src.replace(old, new)
         open(os.path.join(tmp, "transparent_grpo.py"), "w").write(src)
-        tests = SAMPLER if name.startswith("sampler") else REFERENCE if name.startswith("reference") else \
-            LEAN if name.startswith("lean") else FAST
+        tests = SAMPLER if name.startswith("sampler") else REFERENCE if name.startswith("reference") else FAST
         p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=tmp,
                            capture_output=True, text=True)
         failed = [ln.split(" ")[1] for ln in p.stdout.splitlines() if ln.startswith("FAILED")]
