@@ -18,7 +18,6 @@ VARIANTS = {  # name: (what it switches off, code run before train(), extra flag
                        "tg.rows_cache = lambda prefix, n, room: tg.repeat_cache(prefix, n)", []),
     "no_shared_prompt": ("shared_prompt_hidden: one forward over prompt + completion per row",
                          "tg.shared_prompt_hidden = lambda *a, **k: None", []),
-    "no_lean_mlp": ("lean_mlps: the stock MLP's saved activations", "tg.lean_mlps = lambda model: None", []),
     "amp": ("fp32 matmuls: --dtype amp instead (bf16 autocast; the bf16 twin samples), a change of numbers", "",
             ["--dtype", "amp"]),
 }
