@@ -53,7 +53,7 @@ class Recipe:  # the algorithm's flags, --name value, each with its default; Con
     model: str = flag("auto", "auto (GPU: Qwen2.5-3B-Instruct, CPU: bundled SmolLM2-135M), a hub id, folder or .gguf")
     preset: Optional[str] = flag(None, "a key of PRESETS (default: the model's own recipe, else the device's)")
     task: Optional[str] = knob("problem", "problem (the toy problem, every group) | family (a fresh instance of its "
-                               "family a group) | a .jsonl file of {\"prompt\", \"answer\"} rows (README: Your task)")
+                               "family a group) | a .jsonl of {\"prompt\", \"answer\"} rows (README: Your own task)")
     objective: str = flag("grpo", "policy loss, a key of OBJECTIVES (§7)")
     kl_estimator: str = flag("k1", "per-token KL estimator, a key of KL_ESTIMATORS (§6)")
     kl_placement: Optional[str] = knob("reward", " | ".join(KL_PLACEMENTS) + ": where beta*KL goes")
@@ -1056,7 +1056,7 @@ def validate(cfg: Config):
 
 def validate_run(cfg, need):
     """The run's name, the checkpoint it resumes, what an earlier run of its name left: nothing of it is overwritten,
-    nothing outside its folders written or deleted, no pickle loaded, without being asked (README: Runs, ...)."""
+    nothing outside its folders written or deleted, no pickle loaded, without being asked (README: Bad inputs)."""
     name = cfg.run_name
     need(re.fullmatch(r"[^/\\\x00-\x1f]+", name) and name not in (".", "..") and len(os.fsencode(name)) <= 200,
          "run_name", "must be one plain file name: not empty, . or .., no / or \\ or control characters, <= 200 bytes")
@@ -1223,7 +1223,7 @@ IGNORED = [  # (flags, when they would do nothing, why (or why(cfg))): a flag yo
 ]
 
 def check_combinations(cfg, given):
-    """A flag you passed that this combination ignores: one line, like any other bad input (README: bad inputs)."""
+    """A flag you passed that this combination ignores: one line, like any other bad input (README: Bad inputs)."""
     for names, idle, why in IGNORED:
         for name in set(names.split()) & given:
             if idle(cfg):
@@ -1364,7 +1364,7 @@ def rows_cache(prefix, n, room):  # n rows of a one-row prefix cache with room f
     cache.layers = [InPlaceKV(layer, n, room) for layer in prefix.layers]               # the prefix stays as it is
     return cache
 
-ROWS_PER_PASS = 4  # rows of like length per forward in shared_prompt_hidden (README: Where each piece lives)
+ROWS_PER_PASS = 4  # rows of like length per forward in shared_prompt_hidden (README: Speed and memory)
 
 def repeat_cache(cache, n):  # n rows of a one-row prompt cache, which stays as it is (part of the graph)
     rows = copy.copy(cache)
@@ -1416,7 +1416,7 @@ class InPlaceKV(DynamicLayer):
 
 def sampler_kind(sampler, device):
     """--sampler auto: compiled on a GPU (with fp32 weights under autocast it samples from a bf16 copy, 2 bytes per
-    parameter: the 3B preset still fits 80 GB, README: GPUs); fast on CPU, where compiling does not pay."""
+    parameter: the 3B preset still fits 80 GB, README: Results); fast on CPU, where compiling does not pay."""
     return sampler if sampler != "auto" else "compiled" if device == "cuda" else "fast"
 
 def compiled_sample(model, prompt_ids, n, cfg, eos, pad_id):
@@ -1452,7 +1452,7 @@ def sampling_twin(model, device):
     """fp32 weights under bf16 autocast (one GPU, --dtype amp): the static cache needs one dtype, but autocast yields
     fp32 keys and bf16 values. So --sampler compiled and fast sample from a bf16 copy, refreshed in place before every
     call (the graph keeps its addresses): 2 bytes read per weight per token instead of a 4-byte cast. It rounds like
-    the autocast forward, but its residual stream is bf16, not fp32 (README: Known limitations)."""
+    the autocast forward, but its residual stream is bf16, not fp32 (README: Limitations)."""
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
     if dtype is None or next(model.parameters()).dtype == dtype:
         return model                                                    # DeepSpeed bf16, CPU fp32: the policy itself
