@@ -1167,13 +1167,14 @@ def gguf_read_once(file):
         yield
         return
     import gguf
-    read = gguf.GGUFReader
+    read, names = gguf.GGUFReader, gguf.get_tensor_name_map  # transformers builds the name map once per module: 5 s
     gguf.GGUFReader = lambda path, *a, **k: GGUF_READS[path] if path in GGUF_READS else GGUF_READS.setdefault(
         path, read(path, *a, **k))
+    gguf.get_tensor_name_map = functools.lru_cache(names)
     try:
         yield
     finally:
-        gguf.GGUFReader = read
+        gguf.GGUFReader, gguf.get_tensor_name_map = read, names
 
 def _works(fn):
     try:

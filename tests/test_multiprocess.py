@@ -122,7 +122,8 @@ tg.train(tg.parse_config(sys.argv[1:]))
 def test_two_processes_train_on_the_family_and_share_the_evaluation(tmp_path, tiny_model):
     """Each process draws its own instances (all logged) and evaluates its share of the held-out set; with
     --eval_size 1 the second process has none and still joins the gather: one row, n = 1, pass@2 from one instance."""
-    p = launch(tmp_path, tiny_model, "--task", "family", "--eval_size", "1", "--eval_samples", "2", steps=2,
+    p = launch(tmp_path, tiny_model, "--task", "family", "--eval_size", "1", "--eval_samples", "2", "--worked_examples", "0",
+               steps=2,
                worker_text=FAMILY_WORKER)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     evals = [json.loads(ln) for ln in open(tmp_path / "logs" / "r.eval.jsonl")]
