@@ -335,7 +335,7 @@ def test_help_lists_every_flag():
 # ------------------------------------------------------------------ numerical guard
 def small_cfg(model, tmp_path, **kw):
     base = dict(model=model, group_size=4, max_new_tokens=8, learning_rate=1e-3, num_steps=3, output_dir=str(tmp_path),
-                log_dir=str(tmp_path), run_name="r", seed=0)
+                log_dir=str(tmp_path), run_name="r", seed=0, worked_examples=0)  # a short prompt: a quick run
     cfg = tg.resolve(tg.Config(**{**base, **kw}), cuda=False)
     tg.validate(cfg)
     return cfg
@@ -380,7 +380,8 @@ def test_same_seed_same_run(tiny_model, tmp_path):
 def script(tmp_path, model, *extra):
     return [sys.executable, os.path.join(ROOT, "transparent_grpo.py"), "--model", model, "--group_size", "8",
             "--max_new_tokens", "16", "--num_steps", "14", "--save_every", "3", "--keep_last", "2",
-            "--output_dir", str(tmp_path / "out"), "--log_dir", str(tmp_path / "logs"), "--run_name", "r", *extra]
+            "--output_dir", str(tmp_path / "out"), "--log_dir", str(tmp_path / "logs"), "--run_name", "r",
+            "--worked_examples", "0", *extra]
 
 
 def test_kill_and_resume_gives_one_continuous_log(tiny_model, tmp_path):
