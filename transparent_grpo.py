@@ -1167,7 +1167,7 @@ def gguf_read_once(file):
         yield
         return
     import gguf
-    read, names = gguf.GGUFReader, gguf.get_tensor_name_map  # transformers builds the name map once per module: 5 s
+    read, names = gguf.GGUFReader, gguf.get_tensor_name_map  # transformers rebuilds it per module
     gguf.GGUFReader = lambda path, *a, **k: GGUF_READS[path] if path in GGUF_READS else GGUF_READS.setdefault(
         path, read(path, *a, **k))
     gguf.get_tensor_name_map = functools.lru_cache(names)

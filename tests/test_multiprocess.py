@@ -122,9 +122,8 @@ tg.train(tg.parse_config(sys.argv[1:]))
 def test_two_processes_train_on_the_family_and_share_the_evaluation(tmp_path, tiny_model):
     """Each process draws its own instances (all logged) and evaluates its share of the held-out set; with
     --eval_size 1 the second process has none and still joins the gather: one row, n = 1, pass@2 from one instance."""
-    p = launch(tmp_path, tiny_model, "--task", "family", "--eval_size", "1", "--eval_samples", "2", "--worked_examples", "0",
-               steps=2,
-               worker_text=FAMILY_WORKER)
+    p = launch(tmp_path, tiny_model, "--task", "family", "--eval_size", "1", "--eval_samples", "2",
+               "--worked_examples", "0", steps=2, worker_text=FAMILY_WORKER)   # a short prompt: a quick run
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     evals = [json.loads(ln) for ln in open(tmp_path / "logs" / "r.eval.jsonl")]
     assert [r["step"] for r in evals] == [0, 2] and all(r["eval/n"] == 1 and "eval/pass@2" in r for r in evals)
