@@ -836,10 +836,13 @@ def resolve(cfg: Config, cuda: bool) -> Config:
         cfg.run_name = f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
     return cfg
 
+def model_path(name):  # (path, folder, file) of a hub id, a folder, a .gguf or 'bundled:' (file: a .gguf's name)
+    path = bundled_gguf() if name.startswith("bundled:") else os.path.expanduser(name)
+    return (path, *os.path.split(path)) if path.endswith(".gguf") else (path, path, None)
+
 def tokenizer_of(name, trust=False):  # from a hub id, a folder, a .gguf or 'bundled:'
     from transformers import AutoTokenizer
-    path = bundled_gguf() if name.startswith("bundled:") else os.path.expanduser(name)
-    folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
+    _, folder, file = model_path(name)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=file, trust_remote_code=trust)
     tok.pad_token = tok.pad_token or tok.eos_token
     return tok
@@ -848,8 +851,7 @@ def load_model(name: str, dtype: torch.dtype, trust=False):
     """Tokenizer and model from a hub id, a folder, a .gguf or 'bundled:' (GGUF: dequantised into a plain model).
     trust: --trust_remote_code, passed to every call (never None: transformers would ask on the terminal)."""
     from transformers import AutoModelForCausalLM, PretrainedConfig
-    path = bundled_gguf() if name.startswith("bundled:") else os.path.expanduser(name)
-    folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
+    path, folder, file = model_path(name)
     with gguf_read_once(file):                          # the file parsed once (GGUF_READS), then let go
         tok = tokenizer_of(name, trust)
         meta = model_config(path, trust) if file else None
@@ -862,7 +864,6 @@ def load_model(name: str, dtype: torch.dtype, trust=False):
         plain = AutoModelForCausalLM.from_config(model.config, dtype=dtype, trust_remote_code=trust)
         plain.load_state_dict(model.state_dict())
         plain.generation_config, model = model.generation_config, plain
-    tok.pad_token = tok.pad_token or tok.eos_token
     return tok, model
 
 @dataclass
@@ -1104,10 +1105,11 @@ def context_window(name, need, trust=False):
              "folder with a config.json")
     else:  # a hub id: from the local cache, or from the hub if it can be reached
         from huggingface_hub import try_to_load_from_cache
-        need(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) and hub_id(name), "not a local path and not a hub id like "
-             "org/name")
-        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or not _works(
-            lambda: __import__("socket").create_connection(("huggingface.co", 443), timeout=3).close())
+        from huggingface_hub.utils import validate_repo_id  # the hub's own rule (no --, .., <= 96 characters, ...)
+        need(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) and attempt(lambda: validate_repo_id(name) or 1) == 1,
+             "not a local path and not a hub id like org/name")
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or isinstance(attempt(
+            lambda: __import__("socket").create_connection(("huggingface.co", 443), timeout=3).close()), Exception)
         need(not offline or isinstance(try_to_load_from_cache(name, "config.json"), str), "not in the local Hugging "
              f"Face cache and the hub cannot be reached: `huggingface-cli download {name}` where there is network")
     config = model_config(path, trust)
@@ -1117,7 +1119,7 @@ def context_window(name, need, trust=False):
     if os.path.isdir(path):  # a folder: its weights are there and its tokenizer loads (a hub id's: when they load)
         need(any(os.path.isfile(os.path.join(path, f)) for f in WEIGHTS), "no weights in it (" + ", ".join(WEIGHTS)
              + ")")
-        tok = load_tokenizer(path, trust)
+        tok = attempt(lambda: tokenizer_of(path, trust))
         need(not custom_code(tok), CUSTOM_CODE)
         need(not isinstance(tok, Exception), f"its tokenizer cannot be loaded ({one_line(tok)[:80]})")
         need(getattr(tok, "chat_template", None), "its tokenizer has no chat template (the prompt is a chat)")
@@ -1135,28 +1137,18 @@ def causal_lm(config, trust):  # AutoModelForCausalLM can build it (with --trust
     own = getattr(config, "auto_map", None) or {}
     return type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or (trust and "AutoModelForCausalLM" in own)
 
-def hub_id(name):  # the hub's own rule (no --, .., at most 96 characters, ...)
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+def attempt(fn):  # fn(), or the exception that stopped it: what a check reads, not a crash
     try:
-        return validate_repo_id(name) or True
-    except HFValidationError:
-        return False
-
-def load_tokenizer(folder, trust):  # tokenizer_of(folder), or the exception that stopped it
-    try:
-        return tokenizer_of(folder, trust)
+        return fn()
     except Exception as err:
         return err
 
 @functools.lru_cache
 def model_config(path, trust):  # the config alone (a GGUF's metadata, no tensors), or the exception that stopped it
     from transformers import AutoConfig
-    try:
-        folder, file = os.path.split(path) if path.endswith(".gguf") else (path, None)
-        with gguf_read_once(file):
-            return AutoConfig.from_pretrained(folder, gguf_file=file, trust_remote_code=trust)
-    except Exception as err:
-        return err
+    _, folder, file = model_path(path)
+    with gguf_read_once(file):
+        return attempt(lambda: AutoConfig.from_pretrained(folder, gguf_file=file, trust_remote_code=trust))
 
 GGUF_READS = {}  # path -> its gguf.GGUFReader: validate, the tokenizer, the config and the weights each parse the whole
 # file (~6 s for SmolLM2, ~20 s for the 0.5B); kept from validate to the end of load_model, then let go (a memory map)
@@ -1175,12 +1167,6 @@ def gguf_read_once(file):
         yield
     finally:
         gguf.GGUFReader, gguf.get_tensor_name_map = read, names
-
-def _works(fn):
-    try:
-        return fn() or True
-    except OSError:
-        return False
 
 def _writable(folder):
     probe = os.path.join(folder, f".write-test-{os.getpid()}")  # one per process: all of them probe at once
