@@ -1274,10 +1274,8 @@ def _chunk_logprobs(h, weight, bias, targets, temperature, entropy):
     z = z.to(torch.promote_types(z.dtype, torch.float32)) / temperature                 # at least fp32
     lse = torch.logsumexp(z, -1)                                                        # [n]
     lp = z.gather(-1, targets[:, None]).squeeze(-1) - lse                               # [n]  log softmax(z)[y]
-    if entropy is None:
-        return lp, torch.zeros_like(lp)
-    with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):  # a logged value: no graph to keep
-        return lp, lse - (torch.softmax(z, -1) * z).sum(-1)                             # [n]  H = lse - E_p[z]
+    with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):  # H = lse - E_p[z] (logged: no graph)
+        return lp, torch.zeros_like(lp) if entropy is None else lse - (torch.softmax(z, -1) * z).sum(-1)  # [n], [n]
 
 def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128, entropy="grad"):
     """log softmax(z / tau)[y] for the sampled tokens only, z = head(h) (§5): the LM head runs on the masked rows,
@@ -1294,9 +1292,7 @@ def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128, entrop
 
 @torch.inference_mode()
 def fast_sample(model, prompt_ids, n, cfg, eos, pad_id):
-    """--sampler fast (auto on CPU): sample()'s contract through generate_many, the one fast decode loop (one prompt,
-    n rows in one pass): the prompt runs once, its KV cache is copied into n rows with room for every new token
-    (InPlaceKV), and a decode step runs only the unfinished rows."""
+    """--sampler fast (auto on CPU): sample()'s contract through generate_many, one prompt's n rows in one pass."""
     twin = sampling_twin(model, prompt_ids.device.type)                                # autocast: its bf16 copy
     tokens = generate_many(twin, [prompt_ids[0]], n, cfg, eos, pad_id, rows=n)         # [n, T']
     return torch.cat([prompt_ids.expand(n, -1), tokens], 1)                            # [n, P+T']
@@ -1304,13 +1300,10 @@ def fast_sample(model, prompt_ids, n, cfg, eos, pad_id):
 @torch.inference_mode()
 def generate_many(model, prompts, k, cfg, eos, pad_id, greedy=False, rows=32):
     """k completions of each of many prompts ([P_i] each), `rows` at a time, greedy (argmax) or y ~ softmax(z / tau):
-    the evaluation's sampler. The prompts' common prefix runs once; each row then runs its own rest, left-padded (the
-    pads masked, positions counted past them), and decodes; finished rows leave. Returns [n*k, T'] (pad after EOS), T'
-    the longest completion's length (max_new_tokens if one has no EOS)."""
+    the evaluation's sampler. The common prefix runs once; each row then runs its own rest, left-padded, and decodes;
+    finished rows leave. Returns [n*k, T'] (pad after EOS), T' the longest completion (T if one has no EOS)."""
     L, first = min(len(p) for p in prompts) - 1, prompts[0]                            # every row keeps >= 1 token
-    for p in prompts[1:]:
-        differ = (p[:L] != first[:L]).nonzero()
-        L = int(differ[0]) if len(differ) else L                                        # the common prefix's length
+    L = int((torch.stack([p[:L] for p in prompts]) == first[:L]).all(0).long().cumprod(0).sum())  # common prefix
     prefix = kv_cache(model(input_ids=first[None, :L], use_cache=True, logits_to_keep=1)) if L else None  # once
     jobs, out, eos = [p for p in prompts for _ in range(k)], [], torch.tensor(eos, device=first.device)
     for s in range(0, len(jobs), rows):
@@ -1362,8 +1355,7 @@ def repeat_cache(cache, n):  # n rows of a one-row prompt cache, which stays as 
 def shared_prompt_hidden(model, ids, n_prompt, mask):
     """token_logprobs' hidden states [B, T, H] when every row has the same prompt (else None). The prompt runs once
     (batch 1) and its KV cache is repeated for the completions, which run in passes of ROWS_PER_PASS rows of like
-    length, each as long as its longest row. Gradients reach the prompt's keys and values through the repeat: exact,
-    just cheaper."""
+    length. Gradients reach the prompt's keys and values through the repeat: exact, just cheaper."""
     checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())  # the reference too:
     if checkpointing or not bool((ids[:, :n_prompt] == ids[:1, :n_prompt]).all()):  # one path, the same rounding
         return None
@@ -1408,10 +1400,8 @@ def sampler_kind(sampler, device):
 
 def compiled_sample(model, prompt_ids, n, cfg, eos, pad_id):
     """--sampler compiled: sample()'s contract through HF generate with a static KV cache and a torch.compile-d decode
-    step (CUDA graphs on GPU; compiled once per prompt length, and it reads the weights in place: it sees every
-    update)."""
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import CompileConfig
+    step (CUDA graphs on GPU; compiled once per prompt length; it reads the weights in place: sees every update)."""
+    from transformers.generation.configuration_utils import CompileConfig, GenerationConfig
     compiled = CompileConfig(mode="reduce-overhead" if prompt_ids.is_cuda else "default", dynamic=False)
     compiled._compile_all_devices = True                                                # on CPU too, if asked
     gen = GenerationConfig(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0, min_p=None,
@@ -1427,10 +1417,7 @@ SAMPLERS = {"fast": fast_sample, "compiled": compiled_sample}  # --sampler; each
 CPU_AMP = ["qwen2.5-coder-0.5b"]  # --dtype auto on a CPU with bf16 instructions: amp for these presets (README)
 
 def cpu_bf16():  # the CPU has native bf16 matmuls (AVX-512 BF16 or AMX), where autocast pays
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except Exception:
-        return False
+    return attempt(lambda: bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())) is True
 
 TWINS = {}  # id(policy) -> (the policy, its copy in the autocast dtype), for --sampler compiled and fast
 
@@ -1471,7 +1458,10 @@ class RunLog:
                 tmp = os.path.join(os.path.dirname(path), ".tmp-" + os.path.basename(path))  # a kill: the old file
                 with open_log(tmp, "wt") as f:
                     f.writelines(old)
-                replace_log(tmp, path)
+                try:
+                    os.replace(tmp, path)
+                except OSError as err:
+                    raise RunError(f"could not write {path}: {one_line(err)}") from None
             with open_log(self.text, "at" if start else "wt"):
                 pass
             for note in notes:
@@ -1505,43 +1495,30 @@ def open_log(path, mode):
     except OSError as err:  # a full disk, a link where the file should be
         raise RunError(f"could not {'read' if 'r' in mode else 'write'} {path}: {one_line(err)}") from None
 
-def replace_log(tmp, path):
-    try:
-        os.replace(tmp, path)
-    except OSError as err:
-        raise RunError(f"could not write {path}: {one_line(err)}") from None
-
 def kept_rows(path, start, notes):
     """A JSON-lines log's rows before step `start`, for a resumed run. A last line cut short (a kill while it was
     written) is dropped, and said in notes; any other damage is a RunError."""
     lines, cut = [], False
     with open_log(path, "rt") as f:
         try:
-            for line in f:
-                lines.append(line)
+            lines.extend(f)
         except EOFError:  # a gzip member cut short: the lines before it stay
             cut = True
         except (OSError, zlib.error, UnicodeDecodeError) as err:
             raise RunError(f"{path} is damaged ({one_line(err)}): move it away to resume") from None
-    rows, dropped = [], False
-    for i, line in enumerate(lines):
-        row = json_row(line)
-        if row is None and i + 1 == len(lines):
-            dropped = True
-        elif row is None:
-            raise RunError(f"{path} line {i + 1} is not a row of this script's log: move the file away to resume")
-        elif row["step"] < start:
-            rows.append(line if line.endswith("\n") else line + "\n")
+    rows = [json_row(line) for line in lines]                                           # None: not a row
+    dropped = bool(rows) and rows[-1] is None                                           # the last line cut short
+    if None in rows[:len(rows) - dropped]:
+        raise RunError(f"{path} line {rows.index(None) + 1} is not a row of this script's log: move the file away to "
+                       "resume")
     if cut or dropped:
         notes.append(f"{path} ends cut short (a kill while it was written): " + (
             "dropped its incomplete last line" if dropped else "the rows before the cut are whole"))
-    return rows
+    return [line if line.endswith("\n") else line + "\n" for line, row in zip(lines, rows)
+            if row is not None and row["step"] < start]
 
 def json_row(line):  # a log row: a JSON object with an integer step, or None
-    try:
-        row = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
+    row = attempt(lambda: json.loads(line))
     return row if isinstance(row, dict) and type(row.get("step")) is int else None
 
 def checkpoint_dir(cfg):
@@ -1608,22 +1585,19 @@ def resume_point(cfg):
     meta, why = read_meta(resume)
     if meta is None:
         raise RunError(f"checkpoint {resume} could not be loaded: {why}")
-    notes = [f"passed over {s}: resuming from {resume}, the newest complete checkpoint" for s in skipped]
-    if deepspeed_launch():
-        notes.append(f"warning: DeepSpeed unpickles the files of {resume} (torch.load(weights_only=False)): code "
-                     "pickled in them runs (--trust_remote_code)")
+    notes = [f"passed over {s}: resuming from {resume}, the newest complete checkpoint" for s in skipped] + [
+        f"warning: DeepSpeed unpickles the files of {resume} (torch.load(weights_only=False)): code pickled in them "
+        "runs (--trust_remote_code)"] * deepspeed_launch()
     return resume, meta, notes
 
 def clear_run(cfg):
     """--overwrite: delete what the earlier run of this name left, and only that: its logs (a link: the link itself),
     its step_NNNNNN checkpoints and its final/ (made_here, both)."""
     try:
-        for path in run_logs(cfg):
-            if os.path.lexists(path):
-                os.remove(path)
-        for path in [*own_checkpoints(cfg), final_dir(cfg)]:
-            if made_here(path):
-                shutil.rmtree(path)
+        for path in filter(os.path.lexists, run_logs(cfg)):
+            os.remove(path)
+        for path in filter(made_here, [*own_checkpoints(cfg), final_dir(cfg)]):
+            shutil.rmtree(path)
     except OSError as err:
         raise RunError(f"--overwrite could not delete the earlier run: {one_line(err)}") from None
 
@@ -1633,18 +1607,14 @@ def keep_reference(acc, ref):
     """--ref_update_every: the reference moves, so each checkpoint holds it, as safetensors, through accelerate's save
     and load hooks (register_for_checkpointing would pickle it, and load it back with weights_only=False)."""
     from safetensors.torch import load_model as load_weights, save_model as save_weights
-
-    def save(models, weights, folder):
-        if acc.is_main_process:
-            save_weights(ref, os.path.join(folder, REFERENCE))
-    acc.register_save_state_pre_hook(save)
+    if acc.is_main_process:                                             # one file, which every process loads
+        acc.register_save_state_pre_hook(lambda models, weights, folder: save_weights(ref, os.path.join(
+            folder, REFERENCE)))
     acc.register_load_state_pre_hook(lambda models, folder: load_weights(ref, os.path.join(folder, REFERENCE)))
 
 def load_checkpoint(acc, folder):
-    """acc.load_state, and what it leaves unchecked: it would unpickle a custom_checkpoint_*.pkl (weights_only=False;
-    this script writes none), and it only logs, at INFO, RNG states it could not restore (the resumed run would
-    then draw other samples than the uninterrupted one): both are errors here."""
-    import random
+    """acc.load_state, and what it leaves unchecked: it would unpickle a custom_checkpoint_*.pkl, and it only logs, at
+    INFO, RNG states it could not restore (the resumed run would then draw other samples): both are errors here."""
     import numpy as np
     from accelerate.utils.other import load
     pickles = sorted(f for f in os.listdir(folder) if re.fullmatch(r"custom_checkpoint_\d+\.pkl", f))
@@ -1697,10 +1667,8 @@ def save_checkpoint(acc, cfg, next_step, spent, entropy_coef=0.0):
 
 def release_memory():  # glibc keeps freed heap pages (a 0.5B save's buffers: GBs) until malloc_trim hands them back
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):                  # not glibc: nothing to do
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):                                   # not glibc: nothing to do
-        pass
 
 def stop(run, why, code):
     run.log.say(why)
@@ -1729,8 +1697,7 @@ def evaluate(run, task, cfg, eos, step):
             sampler = sampling_twin(unwrap(model), acc.device.type)                   # autocast: its bf16 copy
             texts, mask, cut = decode(tok, generate_many(sampler, prompts, 1, cfg, eos, pad_id, greedy=True),
                                       eos)                                            # [n], [n, T], [n]
-            for text, x in zip(texts, mine):
-                score = scores(task, [text], [x], step)[0]
+            for text, x, score in zip(texts, mine, scores(task, texts, mine, step)):
                 sums["accuracy"] += task.correct(text, x)
                 sums["reward"] += sum(score.values())
                 for p in parts:
@@ -1740,10 +1707,8 @@ def evaluate(run, task, cfg, eos, step):
                 with torch.random.fork_rng(devices=[acc.device] if acc.device.type == "cuda" else []):
                     torch.manual_seed(seed_of("eval", cfg.seed, step, acc.process_index))
                     texts = decode(tok, generate_many(sampler, prompts, k, cfg, eos, pad_id), eos)[0]  # [n*k]
-                right = torch.tensor([float(task.correct(t, x)) for t, x in zip(texts, (x for x in mine
-                                                                                        for _ in range(k)))])
-                right = right.view(-1, k)                                                 # [n, k]
-                sums["sampled_accuracy"] = right.mean(1).sum().item()                   # mean@k, summed
+                right = torch.tensor([float(task.correct(t, mine[i // k])) for i, t in enumerate(texts)]).view(-1, k)
+                sums["sampled_accuracy"] = right.mean(1).sum().item()                   # right: [n, k]; mean@k, summed
                 sums[f"pass@{k}"] = right.max(1).values.sum().item()                     # any of k right, summed
         model.train(was_training)
     totals = acc.gather(torch.tensor([[*sums.values(), len(mine)]], dtype=torch.float64, device=acc.device)).sum(0)
@@ -1751,12 +1716,11 @@ def evaluate(run, task, cfg, eos, step):
             "eval/n": int(totals[-1]), "eval/time": time.time() - t0}             # totals: [K + 1] over processes
 
 def log_eval(run, step, m):  # one row of logs/<run>.eval.jsonl and one line, for each evaluation
-    log = run.log
     if m:
-        log.write(log.evals, json.dumps({"step": step, **m}))
+        run.log.write(run.log.evals, json.dumps({"step": step, **m}))
         pass_k = "".join(f" | {k[5:]} {v:.3f}" for k, v in m.items() if k.startswith("eval/pass@"))
-        log.say(f"eval {step:>4} | held-out accuracy {m['eval/accuracy']:.3f} of {m['eval/n']} | reward "
-                f"{m['eval/reward']:.3f}{pass_k} | {m['eval/time']:.1f}s")
+        run.log.say(f"eval {step:>4} | held-out accuracy {m['eval/accuracy']:.3f} of {m['eval/n']} | reward "
+                    f"{m['eval/reward']:.3f}{pass_k} | {m['eval/time']:.1f}s")
 
 def after_step(run, cfg, step, batch, seen, stats):
     """Log the step (its best sample every 5 steps), checkpoint every --save_every; False once --time_limit is spent."""
@@ -1813,7 +1777,6 @@ def save_final(run, cfg):
     """The final policy and tokenizer, loadable with AutoModelForCausalLM.from_pretrained."""
     acc, model, tok, log = run.acc, run.model, run.tok, run.log
     state, final = acc.get_state_dict(model), final_dir(cfg)                    # (a collective)
-
     def write(tmp):
         if acc.is_main_process:
             policy_state = {k: v for k, v in state.items() if "v_head" not in k}
@@ -1829,8 +1792,7 @@ def save_final(run, cfg):
 def main(argv=None):
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # less fragmentation: 3B fits 80 GB
     try:
-        cfg = parse_config(argv)
-        train(cfg)
+        train(parse_config(argv))
     except (ConfigError, RunError) as err:  # one line, no traceback: 2 for a bad input, 1 for a failure later
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, ConfigError) else 1)
