@@ -770,8 +770,10 @@ def same_answer(given, answer):  # equal as numbers ("1,000" = 1000.0, "3/4" = 0
     def number(s):
         m = re.fullmatch(r"(-?\d+(?:\.\d+)?)(?:/(\d+(?:\.\d+)?))?", norm(s).replace(",", ""))
         return None if not m or m.group(2) and float(m.group(2)) == 0 else float(m.group(1)) / float(m.group(2) or 1)
+    if given is None:                                                   # no box
+        return False
     a, b = number(given), number(answer)
-    return given is not None and (a == b if a is not None and b is not None else norm(given) == norm(answer))
+    return a == b if a is not None and b is not None else norm(given) == norm(answer)
 
 def boxed_reward(text, row):  # a .jsonl task's reward: 0.1 for a box, 0.9 more if its content is the row's answer
     box = last_boxed(tidy(text))
@@ -1077,8 +1079,9 @@ def context_window(name, need, trust=False):
     else:  # a hub id: from the local cache, or from the hub if it can be reached
         from huggingface_hub import try_to_load_from_cache
         from huggingface_hub.utils import validate_repo_id  # the hub's own rule (no --, .., <= 96 characters, ...)
-        need(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) and attempt(lambda: validate_repo_id(name) or 1) == 1,
-             "not a local path and not a hub id like org/name")
+        refused = attempt(lambda: validate_repo_id(name))                 # None, or the HFValidationError
+        need(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) and not isinstance(refused, Exception), "not a local path and "
+             "not a hub id like org/name")
         offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or isinstance(attempt(
             lambda: __import__("socket").create_connection(("huggingface.co", 443), timeout=3).close()), Exception)
         need(not offline or isinstance(try_to_load_from_cache(name, "config.json"), str), "not in the local Hugging "
@@ -1109,9 +1112,11 @@ def attempt(fn):  # fn(), or the exception that stopped it: what a check reads, 
 @functools.lru_cache
 def model_config(path, trust):  # the config alone (a GGUF's metadata, no tensors), or the exception that stopped it
     from transformers import AutoConfig
-    _, folder, file = model_path(path)
-    with gguf_read_once(file):
-        return attempt(lambda: AutoConfig.from_pretrained(folder, gguf_file=file, trust_remote_code=trust))
+    def read():
+        _, folder, file = model_path(path)
+        with gguf_read_once(file):                                      # `import gguf` may fail too: one line
+            return AutoConfig.from_pretrained(folder, gguf_file=file, trust_remote_code=trust)
+    return attempt(read)
 
 GGUF_READS = {}  # path -> its gguf.GGUFReader: validate, the tokenizer, the config and the weights each parse the whole
 # file (~6 s for SmolLM2, ~20 s for the 0.5B); kept from validate to the end of load_model, then let go (a memory map)
@@ -1176,7 +1181,8 @@ def flag_error(message):
     name, why = {"clip_eps_low": "clip_eps"}.get(m.group(1), m.group(1)), m.group(2)
     if "expected one argument" in why:
         raise ConfigError(f"--{name} needs a value")
-    value = "".join((re.findall(r"value: '(.*)'$|got (.*) but expected", why) or [()])[0])
+    value = re.search(r"value: '(.*)'$|got (.*) but expected", why)             # the value argparse quotes, if any
+    value = next((v for v in value.groups() if v is not None), "") if value else ""
     kind = "an integer" if "int value" in why else "a number" if "float value" in why else "true or false"
     rule = next((allowed for names, _, allowed in RULES if name in names.split()), "")
     raise ConfigError(f"--{name}={value} is invalid: {rule or 'must be ' + kind}")  # a rule names its type
@@ -1224,8 +1230,10 @@ def _chunk_logprobs(h, weight, bias, targets, temperature, entropy):
     z = z.to(torch.promote_types(z.dtype, torch.float32)) / temperature                 # at least fp32
     lse = torch.logsumexp(z, -1)                                                        # [n]
     lp = z.gather(-1, targets[:, None]).squeeze(-1) - lse                               # [n]  log softmax(z)[y]
-    with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):  # H = lse - E_p[z] (logged: no graph)
-        return lp, torch.zeros_like(lp) if entropy is None else lse - (torch.softmax(z, -1) * z).sum(-1)  # [n], [n]
+    if entropy is None:                                                                 # not asked for: zeros
+        return lp, torch.zeros_like(lp)
+    with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):  # a logged value: no graph to keep
+        return lp, lse - (torch.softmax(z, -1) * z).sum(-1)                             # [n]  H = lse - E_p[z]
 
 def sampled_logprobs(hidden, head, targets, mask, temperature, chunk=128, entropy="grad"):
     """log softmax(z / tau)[y] for the sampled tokens only, z = head(h) (§5): the LM head runs on the masked rows,
@@ -1251,9 +1259,11 @@ def fast_sample(model, prompt_ids, n, cfg, eos, pad_id):
 def generate_many(model, prompts, k, cfg, eos, pad_id, greedy=False, rows=32):
     """k completions of each of many prompts ([P_i] each), `rows` at a time, greedy (argmax) or y ~ softmax(z / tau):
     the evaluation's sampler. The common prefix runs once; each row then runs its own rest, left-padded, and decodes;
-    finished rows leave. Returns [n*k, T'] (pad after EOS), T' the longest completion (T if one has no EOS)."""
+    finished rows leave. Returns [n*k, T'] (pad after EOS), T' the longest completion (max_new_tokens if one has
+    no EOS)."""
     L, first = min(len(p) for p in prompts) - 1, prompts[0]                            # every row keeps >= 1 token
-    L = int((torch.stack([p[:L] for p in prompts]) == first[:L]).all(0).long().cumprod(0).sum())  # common prefix
+    same = (torch.stack([p[:L] for p in prompts]) == first[:L]).all(0)                # [L] every prompt alike here
+    L = int(same.long().cumprod(0).sum())                                               # the common prefix's length
     prefix = kv_cache(model(input_ids=first[None, :L], use_cache=True, logits_to_keep=1)) if L else None  # once
     jobs, out, eos = [p for p in prompts for _ in range(k)], [], torch.tensor(eos, device=first.device)
     for s in range(0, len(jobs), rows):

@@ -146,6 +146,21 @@ def test_bad_input_is_one_line_exit_2_before_any_model_loads(flags, expected, sc
     assert time.time() - t < 15
 
 
+def test_a_gguf_model_without_a_working_gguf_package_is_one_line_exit_2(scratch, monkeypatch, capsys):
+    """`import gguf` failing (a broken install) is a config that cannot be read: one line, exit 2, no traceback."""
+    monkeypatch.setitem(sys.modules, "gguf", None)                                 # import gguf: ImportError
+    tg.model_config.cache_clear()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            tg.main(["--output_dir", str(scratch / "out"), "--log_dir", str(scratch / "logs"), "--model",
+                     str(scratch / "fake.gguf")])
+    finally:
+        tg.model_config.cache_clear()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1, err
+    assert "its config cannot be read (ModuleNotFoundError" in err[0] or "(ImportError" in err[0], err
+
+
 def test_the_table_covers_the_families():
     assert len(BAD) >= 84
 
