@@ -7,11 +7,13 @@ Every step: Generate (§4) -> Reward (§2) -> KL (§5, §6) -> Advantage (§6) -
 Swap a piece with a flag, or by editing one line of a registry: KL_ESTIMATORS, ADVANTAGES, OBJECTIVES.
 Shapes: a step samples N = Q*G completions (Q prompts, G each) of T tokens after P prompt tokens; B rows a minibatch.
 
-Departures from textbook GRPO (DeepSeekMath), numbered as in the README (How a step departs from the textbook):
- 1. beta*K1 goes into the *reward*, detached (on-policy an unbiased KL gradient; K1 in the loss has none: test_math),
-    after the group normalisation, never divided by std, with the *other* samples' mean KL as its baseline.
+Departures from textbook GRPO (DeepSeekMath: k3 in the loss, mu epochs; README: How one step works):
+ 1. beta*K1 goes into the *reward*, detached (with seq_sum, on-policy: the sequence KL's gradient; grpo's 1/|o_i|
+    weights it as it weights the task's; K1 in the loss has none: test_math), after the group normalisation, never
+    divided by std, with the *other* samples' mean KL as its baseline.
  2. Log-probs at logits/tau of plain temperature sampling: pi_old drew the tokens. 3. Masks from the first EOS (kept).
- 4. Log-probs of the sampled tokens only. 5. mu = 1: one forward gives pi_old and the graph; a tied group: advantage 0.
+ 4. Log-probs of the sampled tokens only. 5. mu = 1 (the CPU presets): one forward gives pi_old and the graph.
+    A tied group: task advantage 0.
  6. fp32 weights under bf16 autocast (--dtype amp: the faster samplers read a bf16 copy of them). Beyond GRPO, the
     small model's recipe adds GDPO advantages, an adaptive entropy bonus (Skywork-OR1) and two shaping terms.
 """
@@ -33,7 +35,7 @@ PRESETS = {  # one recipe per model: the fields where it differs from the defaul
     "smollm2-135m": dict(model="bundled:SmolLM2-135M-Instruct", group_size=16, max_new_tokens=192, temperature=0.8,
                          learning_rate=2e-5, num_steps=28, inner_epochs=1, worked_examples=2, truncation_penalty=0.1,
                          consistency_bonus=0.3, advantage="gdpo", entropy_target=0.2, eval_size=32),
-    # Qwen2.5-Coder-0.5B (tests/tools/qwen_coder_05b.py): the textbook recipe on the family, two worked examples (none:
+    # Qwen2.5-Coder-0.5B (tests/tools/qwen_coder_05b.py): plain GRPO on the family, two worked examples (none:
     # 0 of 64 held out, every answer cut at 256 tokens); lr 1e-6 at tau = 1 (2e-6 at 0.8 lost `a`): pilots, not a sweep
     "qwen2.5-coder-0.5b": dict(model="Qwen/Qwen2.5-Coder-0.5B-Instruct", task="family", group_size=8,
                                max_new_tokens=256, learning_rate=1e-6, num_steps=40, inner_epochs=1,
@@ -256,10 +258,12 @@ def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, e
     return lp, ent, values
 
 # ============================================================================ 6. KL estimators and advantages
-KL_ESTIMATORS = {  # per-token estimate of KL(pi || pi_ref) from l = logpi(y_t) - logpi_ref(y_t), y_t ~ pi
+KL_ESTIMATORS = {  # per-token estimate of KL(pi || pi_ref) from l = logpi(y_t) - logpi_ref(y_t), y_t ~ pi_old (= pi
+    # on-policy), both at tau. k2, k3 in the *reward* pull almost nothing near pi_ref (k3's score-function gradient is
+    # grad KL(pi||ref) - grad KL(ref||pi)); in the loss they give each token's KL gradient at the sampled prefixes
     "k1": lambda l: l,                                      # unbiased; can be negative
-    "k2": lambda l: 0.5 * l ** 2,                           # biased, low variance; in the loss its gradient is the KL's
-    "k3": lambda l: torch.exp(-l) - 1 + l,                  # unbiased and >= 0; in the loss: forward-KL gradient
+    "k2": lambda l: 0.5 * l ** 2,                           # biased, low variance; in the loss: grad KL(pi||ref)
+    "k3": lambda l: torch.exp(-l) - 1 + l,                  # unbiased and >= 0; in the loss: grad KL(ref||pi)
     "k3+": lambda l: (torch.exp(-l) - 1 + l).detach() + 0.5 * l ** 2 - (0.5 * l ** 2).detach(),  # k3 value, k2 grad
 }
 
@@ -267,7 +271,7 @@ def zscore(R):  # (R - mean) / std per group; a tied group gets exactly 0 (its f
     std = R.std(1, keepdim=True)                                                        # [Q, 1]
     return torch.where(std < 1e-6, 0.0, (R - R.mean(1, keepdim=True)) / std.clamp(min=1e-6))  # [Q, G]
 
-def gdpo(C, w=1.0):  # GDPO (Liu et al. 2026): each part z-scored in its group, times its weight w_k, summed, / std
+def gdpo(C, w=1.0):  # GDPO (Liu et al. 2026): each part z-scored in its group, times w_k, summed, / the batch's std
     A = (zscore(C if C.dim() == 3 else C[..., None]) * w).sum(-1)                       # [Q, G] C: [Q, G, K], w: [K]
     std = A.std() if A.numel() > 1 else A.new_zeros(())
     return torch.where(std < 1e-6, 0.0, A / std.clamp(min=1e-6))                        # [Q, G]
@@ -329,7 +333,7 @@ def cispo(b, cfg, agg):
     return agg(-w * b["adv"][:, None] * b["lp"]), {"clip/frac": capped.item()}
 
 def reinforce(b, cfg, agg):
-    """REINFORCE / RLOO: -A_i sum_t logpi(y_t) (the advantage picks the baseline)."""
+    """REINFORCE / RLOO: -A_i sum_t logpi(y_t) (the advantage picks the baseline). No ratio: right on-policy only."""
     return agg(-b["adv"][:, None] * b["lp"]), {}
 
 def ppo(b, cfg, agg):
@@ -371,11 +375,11 @@ class Objective(NamedTuple):  # a row of OBJECTIVES: the loss and what it needs 
 OBJECTIVES = {  # a new objective: one function above and one row here
     "grpo": Objective(clipped_surrogate, "seq_mean"),
     "dr_grpo": Objective(clipped_surrogate, "max_len", "mean"),
-    "dapo": Objective(clipped_surrogate, "token_mean", defaults=dict(clip_eps_high=0.28)),
+    "dapo": Objective(clipped_surrogate, "token_mean", defaults=dict(clip_eps_high=0.28)),  # its loss (DAPO: no KL)
     "gspo": Objective(gspo, "seq_mean", defaults=dict(clip_eps=3e-4, clip_eps_high=4e-4)),
     "cispo": Objective(cispo, "token_mean", clips="high", defaults=dict(clip_eps_high=4.0)),
-    "reinforce": Objective(reinforce, "seq_sum", "none", clips="none"),
-    "rloo": Objective(reinforce, "seq_sum", "rloo", clips="none"),
+    "reinforce": Objective(reinforce, "seq_sum", "none", clips="none", defaults=dict(inner_epochs=1)),  # no ratio:
+    "rloo": Objective(reinforce, "seq_sum", "rloo", clips="none", defaults=dict(inner_epochs=1)),       # on-policy
     "ppo": Objective(ppo, "token_mean", critic=True),
     "online_dpo": Objective(online_dpo, "seq_mean", clips="none", pairs=True, reference=True,
                             defaults=dict(beta=0.1, kl_placement="none")),
@@ -395,7 +399,8 @@ def policy_loss(b, cfg, entropy_coef=None):
     return loss, stats
 
 def entropy_coef(coef, H, cfg):
-    """Skywork-OR1's adaptive entropy control: c += step while the token entropy H < target, else -=, in [0, max]."""
+    """Skywork-OR1's adaptive entropy control: c += step while the token entropy H < target, else -=, in [0, max].
+    (The paper also switches the bonus off while H > target; here it decays by a step each step instead.)"""
     if not cfg.entropy_target:
         return coef
     return min(max(coef + cfg.entropy_step * (1 if H < cfg.entropy_target else -1), 0.0), cfg.entropy_coef_max)
@@ -445,10 +450,10 @@ def train(cfg: "Config", reward_fn=None, messages=None):
         kl_tok, kl_seq = sequence_kl(old_lp, old_lp if ref is None else ref_lp, mask, cfg.kl_estimator)  # [N,T], [N]
         t3 = time.time()
 
-        # ---- 4. Advantage: the reward normalised in each group (gdpo: part by part), minus beta * (KL_i - mean_j KL_j)
+        # ---- 4. Advantage: the reward normalised in each group (gdpo: part by part), - beta*(KL_i - mean_{j!=i} KL_j)
         shaping = [task.shaping(t, x) for t, x in zip(texts, rows)]                        # [N] +1 / 0 / -1
-        C, w = (x.to(R.device) for x in reward_columns(parts, shaping, truncated, cfg))      # [N, K], [K]
-        C = C.unflatten(0, (-1, G))                                                        # [Q, G, K]
+        C, w = (x.to(R.device) for x in reward_columns(parts, shaping, truncated, cfg))      # [N, K+2], [K+2]
+        C = C.unflatten(0, (-1, G))                                                        # [Q, G, K+2]
         R_learn = C.sum(-1).flatten()                                                      # [N] R + shaping
         if critic:                                                                         # ppo: per token, GAE
             A, returns = ppo_advantages(R_learn, kl_tok, old_values, mask, cfg, lambda x: gather_rows(acc, x))

@@ -385,7 +385,8 @@ def test_defaults_beside_their_flags_and_presets_as_differences_give_the_two_rec
     assert tg.PRESETS["qwen2.5-3b"] == dict(model=THE_3B["model"])                  # the defaults are the 3B recipe
     own = {"grpo": {}, "dr_grpo": dict(advantage="mean"), "dapo": dict(clip_eps_high=0.28),
            "gspo": dict(clip_eps=3e-4, clip_eps_high=4e-4), "cispo": dict(clip_eps_high=4.0),
-           "reinforce": dict(advantage="none"), "rloo": dict(advantage="rloo"), "ppo": dict(advantage=None),
+           "reinforce": dict(advantage="none", inner_epochs=1), "rloo": dict(advantage="rloo", inner_epochs=1),
+           "ppo": dict(advantage=None),
            "online_dpo": dict(beta=0.1, kl_placement="none", advantage=None)}   # pinned; a new row: what it says
     for objective, row in tg.OBJECTIVES.items():
         says = {**({"advantage": row.advantage} if row.advantage else {}), **row.defaults}
