@@ -851,6 +851,9 @@ def load_model(name: str, dtype: torch.dtype, trust=False):
         plain = AutoModelForCausalLM.from_config(model.config, dtype=dtype, trust_remote_code=trust)
         plain.load_state_dict(model.state_dict())
         plain.generation_config, model = model.generation_config, plain
+    for m in model.modules():  # no dropout (as TRL): pi_old's forward runs in train mode, and must be the sampler's pi
+        if isinstance(m, torch.nn.Dropout) or isinstance(getattr(m, "attention_dropout", None), float):
+            setattr(m, "p" if isinstance(m, torch.nn.Dropout) else "attention_dropout", 0.0)
     return tok, model
 
 @dataclass

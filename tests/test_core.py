@@ -427,3 +427,26 @@ def test_help_shows_each_declared_default(capsys):
         if "default" in f.metadata:
             assert f"(default: {f.metadata['default']})" in text, f.name
     assert "(default: None)" not in text and "(default: 4) (default" not in text
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_model_with_dropout_loads_without_it(tmp_path, arch):
+    """pi_old's forward runs in train mode (gradient checkpointing needs it): dropout there would make it another
+    policy than the one that sampled. Llama's is the attention's (a float); GPT-2's are nn.Dropout modules."""
+    import json
+    from conftest import make_tokenizer
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+    tok = make_tokenizer()
+    config = (LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.5) if arch == "llama" else
+              GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=256))  # GPT-2: 0.1 each
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    ids = torch.randint(0, len(tok), (2, 12))
+    forward = lambda m: m.train()(ids).logits                                   # [2, 12, V]
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert not torch.equal(forward(plain), forward(plain))                      # the test's model has dropout
+    _, model = tg.load_model(str(tmp_path), torch.float32)
+    assert torch.equal(forward(model), forward(model))
+    assert torch.allclose(forward(model), plain.eval()(ids).logits, atol=1e-5)  # train mode = the sampler's eval mode
