@@ -8,12 +8,10 @@ Swap a piece with a flag, or by editing one line of a registry: KL_ESTIMATORS, A
 Shapes: a step samples N = Q*G completions (Q prompts, G each) of T tokens after P prompt tokens; B rows a minibatch.
 
 Departures from textbook GRPO (DeepSeekMath: k3 in the loss, mu epochs; README: How one step works):
- 1. beta*K1 goes into the *reward*, detached (with seq_sum, on-policy: the sequence KL's gradient; grpo's 1/|o_i|
-    weights it as it weights the task's; K1 in the loss has none: test_math), after the group normalisation, never
-    divided by std, with the *other* samples' mean KL as its baseline.
+ 1. beta*K1 in the *reward*, detached (on-policy, summed: the sequence KL's gradient; grpo's 1/|o_i| weights it; in
+    the loss K1 has none: test_math), after the group normalisation, not / std, the *other* samples' KL its baseline.
  2. Log-probs at logits/tau of plain temperature sampling: pi_old drew the tokens. 3. Masks from the first EOS (kept).
- 4. Log-probs of the sampled tokens only. 5. mu = 1 (the CPU presets): one forward gives pi_old and the graph.
-    A tied group: task advantage 0.
+ 4. Log-probs of the sampled tokens only. 5. mu = 1 (CPU presets): one forward, pi_old and the graph. Ties: A = 0.
  6. fp32 weights under bf16 autocast (--dtype amp: the faster samplers read a bf16 copy of them). Beyond GRPO, the
     small model's recipe adds GDPO advantages, an adaptive entropy bonus (Skywork-OR1) and two shaping terms.
 """
@@ -258,9 +256,8 @@ def token_logprobs(model, ids, n_prompt, mask, temperature, with_values=False, e
     return lp, ent, values
 
 # ============================================================================ 6. KL estimators and advantages
-KL_ESTIMATORS = {  # per-token estimate of KL(pi || pi_ref) from l = logpi(y_t) - logpi_ref(y_t), y_t ~ pi_old (= pi
-    # on-policy), both at tau. k2, k3 in the *reward* pull almost nothing near pi_ref (k3's score-function gradient is
-    # grad KL(pi||ref) - grad KL(ref||pi)); in the loss they give each token's KL gradient at the sampled prefixes
+KL_ESTIMATORS = {  # per-token estimate of KL(pi || pi_ref) from l = logpi(y_t) - logpi_ref(y_t), y_t ~ pi_old, at tau;
+    # k2, k3 in the *reward* pull ~nothing near pi_ref; in the loss: each token's KL gradient at the sampled prefixes
     "k1": lambda l: l,                                      # unbiased; can be negative
     "k2": lambda l: 0.5 * l ** 2,                           # biased, low variance; in the loss: grad KL(pi||ref)
     "k3": lambda l: torch.exp(-l) - 1 + l,                  # unbiased and >= 0; in the loss: grad KL(ref||pi)
@@ -399,8 +396,7 @@ def policy_loss(b, cfg, entropy_coef=None):
     return loss, stats
 
 def entropy_coef(coef, H, cfg):
-    """Skywork-OR1's adaptive entropy control: c += step while the token entropy H < target, else -=, in [0, max].
-    (The paper also switches the bonus off while H > target; here it decays by a step each step instead.)"""
+    """Skywork-OR1's entropy control (not its gate, off while H > target): c += step while H < target, else -=."""
     if not cfg.entropy_target:
         return coef
     return min(max(coef + cfg.entropy_step * (1 if H < cfg.entropy_target else -1), 0.0), cfg.entropy_coef_max)
