@@ -367,6 +367,7 @@ class Objective(NamedTuple):  # a row of OBJECTIVES: the loss and what it needs 
     critic: bool = False         # a value head: token advantages from GAE (--gamma, --lam, --vf_coef, --vf_clip)
     pairs: bool = False          # compares samples of a group: minibatches keep groups whole
     reference: bool = False      # its KL is built in (needs the reference model; --kl_placement none)
+    on_policy: bool = False      # no ratio: one update per rollout (--inner_epochs 1, one minibatch)
     defaults: dict = {}          # its own defaults for flags (a preset's and the Recipe's give way; yours win)
 
 OBJECTIVES = {  # a new objective: one function above and one row here
@@ -375,8 +376,8 @@ OBJECTIVES = {  # a new objective: one function above and one row here
     "dapo": Objective(clipped_surrogate, "token_mean", defaults=dict(clip_eps_high=0.28)),  # its loss (DAPO: no KL)
     "gspo": Objective(gspo, "seq_mean", defaults=dict(clip_eps=3e-4, clip_eps_high=4e-4)),
     "cispo": Objective(cispo, "token_mean", clips="high", defaults=dict(clip_eps_high=4.0)),
-    "reinforce": Objective(reinforce, "seq_sum", "none", clips="none", defaults=dict(inner_epochs=1)),  # no ratio:
-    "rloo": Objective(reinforce, "seq_sum", "rloo", clips="none", defaults=dict(inner_epochs=1)),       # on-policy
+    "reinforce": Objective(reinforce, "seq_sum", "none", clips="none", on_policy=True, defaults=dict(inner_epochs=1)),
+    "rloo": Objective(reinforce, "seq_sum", "rloo", clips="none", on_policy=True, defaults=dict(inner_epochs=1)),
     "ppo": Objective(ppo, "token_mean", critic=True),
     "online_dpo": Objective(online_dpo, "seq_mean", clips="none", pairs=True, reference=True,
                             defaults=dict(beta=0.1, kl_placement="none")),
@@ -484,8 +485,7 @@ def update(run, batch, cached, n_prompt, cfg):
     anywhere skips it everywhere, counted in run.bad until a step succeeds)."""
     objective, N, G, stats = OBJECTIVES[cfg.objective], len(batch["seqs"]), cfg.group_size, []
     for epoch in range(cfg.inner_epochs):
-        perm = (torch.arange(N) if (cfg.inner_epochs, cfg.minibatch_size) == (1, N) else  # one minibatch: no order
-                # (mu = 1: the first reuses the log-prob forward, unless in passes)
+        perm = (torch.arange(N) if (cfg.inner_epochs, cfg.minibatch_size) == (1, N) else  # one minibatch: in order
                 (torch.randperm(N // G)[:, None] * G + torch.arange(G)).flatten() if objective.pairs
                 else torch.randperm(N))                     # online_dpo pairs within a group: groups stay whole
         for s in range(0, N, cfg.minibatch_size):
@@ -1012,6 +1012,9 @@ def validate(cfg: Config):
          f"must be --minibatch_size {cfg.minibatch_size} with {cfg.objective if objective.pairs else 'DeepSpeed'}")
     need(not objective.pairs or cfg.minibatch_size % cfg.group_size == 0, "minibatch_size",
          f"{cfg.objective} pairs samples within a group: use a multiple of group_size = {cfg.group_size}")
+    one = "inner_epochs" if cfg.inner_epochs != 1 else "minibatch_size"                  # a second update is stale
+    need(not objective.on_policy or (cfg.inner_epochs, cfg.minibatch_size) == (1, batch), one, f"{cfg.objective} has "
+         f"no ratio, so it updates once per rollout: --inner_epochs 1 and --minibatch_size {batch} (the whole step)")
     if objective.reference:
         need(cfg.kl_placement == "none", "kl_placement", f"{cfg.objective} has its KL built in: use none")
         need(cfg.beta > 0, "beta", f"{cfg.objective} needs beta > 0 (its temperature)")

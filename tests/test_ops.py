@@ -96,6 +96,9 @@ BAD = [  # (flags, text the one-line error must contain); {tmp} is a scratch fol
     (["--gamma", "0.9"], "--gamma=0.9 does nothing here: only --objective ppo"),
     (["--objective", "grpo", "--vf_coef", "0.5"], "--vf_coef=0.5 does nothing here"),
     (["--objective", "reinforce", "--clip_eps", "0.1"], "--clip_eps=0.1 does nothing here: reinforce has no"),
+    # no ratio: a second update would be a stale sample's gradient (OBJECTIVES' on_policy)
+    (["--objective", "reinforce", "--inner_epochs", "2"], "--inner_epochs=2 is invalid: reinforce has no ratio"),
+    (["--objective", "rloo", "--minibatch_size", "4"], "--minibatch_size=4 is invalid: rloo has no ratio, so it"),
     (["--objective", "rloo", "--clip_eps_high", "0.3"], "--clip_eps_high=0.3 does nothing here"),
     (["--objective", "cispo", "--clip_eps_low", "0.1"], "--clip_eps=0.1 does nothing here: cispo caps"),
     (["--kl_placement", "none", "--kl_estimator", "k3"], "--kl_estimator='k3' does nothing here: there is no KL"),
